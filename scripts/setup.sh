@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fresh-machine set-up for lego-rl. Idempotent, no prompts, safe to run twice.
+#
+#  1. A Python venv (outside the checkout, in a cache dir, so every clone and CI reuse it) with
+#     torch==2.11.0 from PyPI (libtorch for tch 0.24) and the Python tools the tests use as
+#     references: transformers, the official openai/anthropic SDKs, zstandard.
+#  2. `.libtorch` -> <venv>/…/site-packages/torch, read by .cargo/config.toml (LIBTORCH) and by
+#     build.rs, which bakes an rpath so `target/release/lego-rl` runs with no exported variables.
+#  3. The release binary.
+#
+# Environment: LEGO_RL_CACHE (default ~/.cache/lego-rl), LEGO_RL_VENV (default $LEGO_RL_CACHE/venv),
+# LEGO_RL_SKIP_BUILD=1 to stop before cargo.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${LEGO_RL_CACHE:-$HOME/.cache/lego-rl}
+venv=${LEGO_RL_VENV:-$cache/venv}
+torch_version=2.11.0
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+mkdir -p "$cache"
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating venv $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+fi
+py="$venv/bin/python"
+
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$torch_version' else 1)" 2>/dev/null; then
+  say "installing torch==$torch_version (large download on a fresh machine)"
+  "$venv/bin/pip" install -q "torch==$torch_version"
+fi
+
+req="$root/scripts/requirements.txt"
+stamp="$venv/.lego-rl-requirements.sha256"
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing Python tools from scripts/requirements.txt"
+  "$venv/bin/pip" install -q -r "$req"
+  echo "$want" >"$stamp"
+fi
+
+torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+ln -sfn "$torch_dir" "$root/.libtorch"
+ln -sfn "$venv" "$root/.venv"
+
+if [ "${LEGO_RL_SKIP_BUILD:-0}" != 1 ]; then
+  say "building target/release/lego-rl"
+  (cd "$root" && cargo build --release --locked --quiet 2>&1 | grep -v '^$' >&2 || exit "${PIPESTATUS[0]}")
+fi
+say "ok"

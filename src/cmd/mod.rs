@@ -1,0 +1,74 @@
+//! One module per subcommand: its `#[derive(Args)]` struct and a thin `run` that resolves the
+//! arguments and calls into the library.
+
+pub mod align;
+pub mod build_images;
+pub mod filter_tasks;
+pub mod generate_docs;
+pub mod report;
+pub mod rollout;
+pub mod train_step;
+pub mod validate;
+
+use crate::cli::{Cli, Command};
+
+/// How a subcommand that ran to completion ended: 0 ok, 1 ran but found failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Failures,
+}
+
+impl From<Outcome> for std::process::ExitCode {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Ok => std::process::ExitCode::SUCCESS,
+            Outcome::Failures => std::process::ExitCode::from(1),
+        }
+    }
+}
+
+/// A subcommand whose issue has not landed yet; exits 2 instead of producing fake output.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is not implemented yet")]
+pub struct NotImplemented(pub &'static str);
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    let global = cli.global;
+    match cli.command {
+        Command::FilterTasks(args) => filter_tasks::run(args, &global),
+        Command::BuildImages(args) => build_images::run(args, &global),
+        Command::Rollout(args) => rollout::run(args, &global),
+        Command::Align(args) => align::run(args, &global),
+        Command::TrainStep(args) => train_step::run(args, &global),
+        Command::Validate(args) => validate::run(args, &global),
+        Command::Report(args) => report::run(args, &global),
+        Command::GenerateDocs(args) => generate_docs::run(args),
+    }
+}
+
+/// True when the error is a broken pipe on stdout (e.g. `lego-rl ... | head`), which exits 0.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || e.downcast_ref::<crate::io::IoError>().is_some_and(|io| match io {
+                crate::io::IoError::Write { source, .. } => source.kind() == std::io::ErrorKind::BrokenPipe,
+                _ => false,
+            })
+    })
+}
+
+/// A `hint:` line for errors where one helps.
+pub fn hint(err: &anyhow::Error) -> Option<String> {
+    for e in err.chain() {
+        if let Some(crate::io::IoError::Truncated { .. }) = e.downcast_ref::<crate::io::IoError>() {
+            return Some(
+                "if the writer is still running, wait for it; if it crashed, re-running it in append mode cuts the torn frame"
+                    .into(),
+            );
+        }
+    }
+    None
+}

@@ -1,0 +1,76 @@
+//! Streams of records as zstd-compressed JSON Lines.
+//!
+//! - [`RecordReader`]: streaming, constant memory, JSON decoded in parallel batches (rayon);
+//!   reads zstd (any number of frames) or plain JSONL (detected by the zstd magic); `-` = stdin.
+//! - [`AtomicWriter`]: writes to a temp file beside the target, fsyncs, renames: a crash never
+//!   leaves a half-written file under the final name.
+//! - [`AppendWriter`]: for long-running producers; every commit is one complete zstd frame
+//!   written with a single `write` and fsynced, so readers of a growing file see every committed
+//!   record, and re-opening after a crash cuts a torn final frame (with a warning) and continues.
+
+pub mod frames;
+mod reader;
+mod writer;
+
+pub use reader::{open_lines, open_records, read_all, LineSource, ReadOptions, RecordReader, TornTail};
+pub use writer::{AppendWriter, AtomicWriter, Compression};
+
+use std::path::PathBuf;
+
+/// Errors of the IO layer; every variant names the file and, where it applies, the record
+/// (1-based line number of the decompressed stream).
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    #[error("{path}: cannot open: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: record {line}: {msg}")]
+    BadRecord { path: PathBuf, line: u64, msg: String },
+    #[error("{path}: read error after record {line}: {source}")]
+    Read {
+        path: PathBuf,
+        line: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: truncated zstd data after record {line} (byte {offset} of {len}): the last frame is \
+         incomplete (a writer crashed or is still running); the {line} records before it are intact"
+    )]
+    Truncated {
+        path: PathBuf,
+        line: u64,
+        offset: u64,
+        len: u64,
+    },
+    #[error(
+        "{path}: compressed stream ends inside a zstd frame after record {line}: the input is truncated"
+    )]
+    TruncatedStream { path: PathBuf, line: u64 },
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: cannot serialize record: {source}")]
+    Serialize {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: {skipped} bad record(s) skipped (first: {first})")]
+    Skipped {
+        path: PathBuf,
+        skipped: u64,
+        first: String,
+    },
+}
+
+/// `-` names stdin/stdout.
+pub fn is_stdio(path: &std::path::Path) -> bool {
+    path.as_os_str() == "-"
+}

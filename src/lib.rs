@@ -1,0 +1,13 @@
+//! lego-rl: harness-native reinforcement learning of coding agents.
+//!
+//! Data flows one way: tasks → images → trajectories → samples → checkpoint + metrics → report.
+//! Each arrow is a zstd JSONL file of [`records`], read and written through [`io`]; each
+//! subcommand in [`cmd`] is a thin layer over one library module.
+
+pub mod cli;
+pub mod cmd;
+pub mod env;
+pub mod io;
+pub mod records;
+pub mod ui;
+pub mod validate;

@@ -1,0 +1,22 @@
+//! The `lego-rl` binary: parse → init logging → run → exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use lego_rl::cli::Cli;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    lego_rl::ui::init_logging(&cli.global);
+    match lego_rl::cmd::run(cli) {
+        Ok(code) => code.into(),
+        Err(err) if lego_rl::cmd::is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("lego-rl: error: {err:#}");
+            if let Some(hint) = lego_rl::cmd::hint(&err) {
+                eprintln!("hint: {hint}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}

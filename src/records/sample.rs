@@ -1,0 +1,118 @@
+//! `Sample` (one aligned training sequence) and `AlignStats` (what align kept and dropped).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::Packed;
+
+/// A 0/1 mask over a sequence, run-length encoded: `[n0, n1, n2, ...]` means n0 positions of 0,
+/// then n1 positions of 1, then n2 of 0, and so on (the first run is always zeros and may be 0).
+/// Policy-generated tokens carry 1; prompts, tool results and template tokens 0.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(transparent)]
+pub struct LossMask(pub Vec<u32>);
+
+impl LossMask {
+    /// Encodes a dense mask.
+    pub fn from_dense(mask: &[bool]) -> Self {
+        let mut runs = Vec::new();
+        let mut current = false;
+        let mut n = 0u32;
+        for &m in mask {
+            if m != current {
+                runs.push(n);
+                current = m;
+                n = 0;
+            }
+            n += 1;
+        }
+        runs.push(n);
+        LossMask(runs)
+    }
+
+    /// Expands to a dense mask.
+    pub fn to_dense(&self) -> Vec<bool> {
+        let mut out = Vec::with_capacity(self.len());
+        for (i, &n) in self.0.iter().enumerate() {
+            out.extend(std::iter::repeat_n(i % 2 == 1, n as usize));
+        }
+        out
+    }
+
+    /// Sequence length the mask covers.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|&n| n as usize).sum()
+    }
+
+    /// True when the mask covers no positions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of positions with mask 1.
+    pub fn count_ones(&self) -> usize {
+        self.0.iter().skip(1).step_by(2).map(|&n| n as usize).sum()
+    }
+}
+
+/// One training sequence aligned from a trajectory (`lego-rl/sample/v1`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub schema: String,
+    /// `<trajectory_id>#<thread>.<segment>`.
+    pub id: String,
+    pub trajectory_id: String,
+    pub task_id: String,
+    pub group_id: u64,
+    pub sample_index: u32,
+    /// Thread within the trajectory (0 = main agent).
+    #[serde(default)]
+    pub thread: u32,
+    /// Segment within the thread (a compaction or rewrite starts a new one).
+    #[serde(default)]
+    pub segment: u32,
+    /// The captured tokens, exactly as the engine saw and sampled them.
+    pub token_ids: Vec<u32>,
+    /// 1 exactly on policy-generated tokens (see [`LossMask`]).
+    pub loss_mask: LossMask,
+    /// Sampling log-prob of each loss-mask-1 token, f32 `[count_ones(loss_mask)]`.
+    pub rollout_logprobs: Packed,
+    /// Expert ids `[T, layers, top_k]` for positions 0..T (T = len(token_ids) or one less).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<Packed>,
+    /// The trajectory's reward (shared by all its samples).
+    pub reward: f64,
+    /// 0 for infra failures (excluded from the loss and from group statistics), else 1.
+    pub weight: f64,
+    pub policy_version: u64,
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+/// align's statistics (`lego-rl/align-stats/v1`): one record per trajectory and one total
+/// (`trajectory_id` null).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct AlignStats {
+    pub schema: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trajectory_id: Option<String>,
+    pub trajectories: u64,
+    pub threads: u64,
+    pub segments: u64,
+    pub samples: u64,
+    pub aligned_turns: u64,
+    pub dropped_turns: u64,
+    pub policy_tokens: u64,
+    pub dropped_tokens: u64,
+    /// Dropped turns by reason.
+    #[serde(default)]
+    pub dropped_by_reason: BTreeMap<String, u64>,
+    /// Assistant turns whose text differed from the capture (re-serialized by the harness).
+    pub tool_call_mismatches: u64,
+    /// Of those, how many the tool-call-id linkage resolved.
+    pub mismatches_resolved_by_id: u64,
+    /// Samples whose tokens equal the engine's prompts token for token.
+    pub token_exact_samples: u64,
+}

@@ -1,0 +1,164 @@
+//! `Task` (one training or evaluation problem) and `TaskDecision` (filter-tasks' verdict on one).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Where a task came from.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskSource {
+    /// A SWE-bench-style instance (official field names).
+    Swebench,
+    /// A Harbor task directory (task.toml, instruction.md, environment/, tests/, solution/).
+    Harbor,
+    /// Written directly as a lego-rl task record.
+    #[default]
+    LegoRl,
+}
+
+/// Where the task's repository comes from when the environment is built.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RepoSource {
+    /// A git bundle file (path relative to the task file's directory, or absolute).
+    Bundle { path: String },
+    /// A tarball of a git working tree with its `.git` directory.
+    Tarball { path: String },
+    /// A clonable URL (needs network at build time).
+    Git { url: String },
+}
+
+/// How to build or find the task's container environment.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Environment {
+    /// Dockerfile text of the task's environment (built by build-images).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dockerfile: Option<String>,
+    /// Build context directory (relative to the task file's directory, or absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// A prebuilt image to use as is instead of building.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The repository, checked out at `base_commit` into `workdir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_source: Option<RepoSource>,
+    /// Working directory of the agent inside the container (default `/testbed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Shell commands that install the project's dependencies (shared by tasks of one repo+version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup: Vec<String>,
+}
+
+/// How a finished trial is graded.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Grader {
+    /// SWE-bench semantics: run `test_cmd` on the test files, parse per-test statuses; reward 1
+    /// iff every FAIL_TO_PASS passes and every PASS_TO_PASS passes or is skipped.
+    Swebench {
+        /// e.g. `python -m pytest -rA -p no:cacheprovider`; test files are appended.
+        test_cmd: String,
+        /// Test files to run (those touched by the test patch when empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        test_files: Vec<String>,
+    },
+    /// Harbor semantics: run `/tests/test.sh`, read `/logs/verifier/reward.json` then `reward.txt`.
+    Harbor {
+        /// Directory holding test.sh and its files (relative to the task file's directory).
+        tests_dir: String,
+    },
+}
+
+/// Per-stage time limits of a trial, in seconds.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Timeouts {
+    pub setup_s: f64,
+    pub agent_s: f64,
+    pub eval_s: f64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            setup_s: 300.0,
+            agent_s: 1800.0,
+            eval_s: 900.0,
+        }
+    }
+}
+
+/// One task (`lego-rl/task/v1`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Task {
+    pub schema: String,
+    /// Unique id (SWE-bench `instance_id`, Harbor directory name, ...).
+    pub id: String,
+    #[serde(default)]
+    pub source: TaskSource,
+    /// `owner/name` of the repository, used for repository-level decontamination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_commit: Option<String>,
+    /// Problem statement given to the agent.
+    pub instruction: String,
+    /// Reference solution as a unified diff (SWE-bench `patch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold_patch: Option<String>,
+    /// Diff that adds or updates the tests (hidden from the agent, applied before grading).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_patch: Option<String>,
+    #[serde(default)]
+    pub fail_to_pass: Vec<String>,
+    #[serde(default)]
+    pub pass_to_pass: Vec<String>,
+    #[serde(default)]
+    pub environment: Environment,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader: Option<Grader>,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Anything else from the source record (kept verbatim, e.g. SWE-bench `version`).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+impl Task {
+    /// A task with only the required fields set.
+    pub fn new(id: impl Into<String>, instruction: impl Into<String>) -> Self {
+        Task {
+            schema: <Task as super::Record>::SCHEMA.to_string(),
+            id: id.into(),
+            source: TaskSource::LegoRl,
+            repo: None,
+            base_commit: None,
+            instruction: instruction.into(),
+            gold_patch: None,
+            test_patch: None,
+            fail_to_pass: Vec::new(),
+            pass_to_pass: Vec::new(),
+            environment: Environment::default(),
+            grader: None,
+            timeouts: Timeouts::default(),
+            metadata: Map::new(),
+        }
+    }
+}
+
+/// filter-tasks' decision on one task (`lego-rl/task-decision/v1`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TaskDecision {
+    pub schema: String,
+    pub task_id: String,
+    pub kept: bool,
+    /// The stage that dropped it (`rules`, `decontamination`, `validity`, `difficulty`,
+    /// `saturation`), or the last stage it passed.
+    pub stage: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Stage-specific evidence (e.g. pass counts, the failing rule's value and bound).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub evidence: Value,
+}

@@ -1,0 +1,276 @@
+//! `ImageRecord` (build-images' manifest), `Trajectory` (one trial) and its `Generation`s (the
+//! proxy's captures, exactly as sampled).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use super::Packed;
+
+/// One line of build-images' manifest (`lego-rl/image/v1`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ImageRecord {
+    pub schema: String,
+    pub task_id: String,
+    /// Image tag `lego-rl/task-<id>:<content hash>`; the hash covers Dockerfile, context, base
+    /// image id and build args, so an unchanged task is a cache hit.
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    /// Tag of the shared environment layer this task image builds on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_image: Option<String>,
+    pub cache_hit: bool,
+    pub seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<String>,
+    /// Set when the build failed; `image` is then not usable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How a trial ended. Serialized as a string: `finished`, `agent_timeout`, `max_turns`,
+/// `context_limit`, `agent_crash`, or `infra:<stage>` (setup, agent, extract, evaluate, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Termination {
+    Finished,
+    AgentTimeout,
+    MaxTurns,
+    ContextLimit,
+    AgentCrash,
+    /// An infrastructure failure in the named stage; the trajectory gets weight 0 in training.
+    Infra(String),
+}
+
+impl Termination {
+    /// True for `infra:*`.
+    pub fn is_infra(&self) -> bool {
+        matches!(self, Termination::Infra(_))
+    }
+}
+
+impl fmt::Display for Termination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Termination::Finished => f.write_str("finished"),
+            Termination::AgentTimeout => f.write_str("agent_timeout"),
+            Termination::MaxTurns => f.write_str("max_turns"),
+            Termination::ContextLimit => f.write_str("context_limit"),
+            Termination::AgentCrash => f.write_str("agent_crash"),
+            Termination::Infra(stage) => write!(f, "infra:{stage}"),
+        }
+    }
+}
+
+impl FromStr for Termination {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "finished" => Termination::Finished,
+            "agent_timeout" => Termination::AgentTimeout,
+            "max_turns" => Termination::MaxTurns,
+            "context_limit" => Termination::ContextLimit,
+            "agent_crash" => Termination::AgentCrash,
+            other => match other.strip_prefix("infra:") {
+                Some(stage) if !stage.is_empty() => Termination::Infra(stage.to_string()),
+                _ => return Err(format!("unknown termination `{other}`")),
+            },
+        })
+    }
+}
+
+impl Serialize for Termination {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Termination {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Sampling parameters of a generation or a rollout.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Sampling {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+}
+
+/// How the proxy built a generation's prompt.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptMode {
+    /// Earlier assistant turns were spliced in from their captured output tokens.
+    Faithful,
+    /// The whole conversation was rendered with the chat template and tokenized.
+    #[default]
+    Rendered,
+}
+
+/// One model call captured by the proxy at generation time (inside a trajectory).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Generation {
+    /// Conversation thread within the trial (0 = main agent; side requests get their own).
+    #[serde(default)]
+    pub thread: u32,
+    /// Order of this request within the trial.
+    pub index: u32,
+    /// `openai` or `anthropic`.
+    pub api: String,
+    /// The request body exactly as received (parsed JSON).
+    #[serde(default)]
+    pub request: Value,
+    #[serde(default)]
+    pub prompt_mode: PromptMode,
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+    /// Log-prob of each output token under the sampling policy, f32 `[len(output_ids)]`.
+    pub logprobs: Packed,
+    /// Expert ids `[tokens, layers, top_k]` for prompt+output positions when the backend reports
+    /// them (u8/u16); `tokens` may be one less than prompt+output (the last token is never forwarded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<Packed>,
+    /// `stop`, `length`, `tool_calls`, ... as the backend reported.
+    #[serde(default)]
+    pub finish_reason: String,
+    /// Ids of the tool calls in this generation's response (alignment links turns by them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_call_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub policy_version: u64,
+    #[serde(default)]
+    pub sampling: Sampling,
+    /// Seconds: `queue`, `prefill`, `decode`, `total`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub timings: BTreeMap<String, f64>,
+    /// `ok`, `client_disconnected`, `infra_error`, `malformed_tool_call`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Proxy-specific details (segment starts, counts per prompt mode, ...).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+}
+
+/// Result of grading a trial.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct GraderResult {
+    /// Per-test status: PASSED, FAILED, SKIPPED, ERROR, XFAIL.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tests: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// How the agent's diff was applied (`git apply`, `--3way`, `patch --fuzz=5`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<String>,
+    /// Tail of the grader's output, for the report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
+}
+
+/// Start and end (seconds since the Unix epoch) and outcome of one trial stage.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct StageTiming {
+    pub start: f64,
+    pub end: f64,
+    pub outcome: String,
+}
+
+/// Something the agent did that validate/report count as a possible reward-hacking attempt.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AuditEvent {
+    /// `git_history`, `blocked_egress`, `test_edit`, `outside_read`, ...
+    pub kind: String,
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+}
+
+/// One trial: a harness run on one task in one sandbox (`lego-rl/trajectory/v1`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Trajectory {
+    pub schema: String,
+    /// `<task_id>/<group_id>/<sample_index>`, unique within a run.
+    pub id: String,
+    pub task_id: String,
+    pub group_id: u64,
+    pub sample_index: u32,
+    pub harness: String,
+    pub backend: String,
+    pub policy_version: u64,
+    #[serde(default)]
+    pub sampling: Sampling,
+    #[serde(default)]
+    pub generations: Vec<Generation>,
+    pub termination: Termination,
+    /// True when the trial failed for infrastructure reasons; such trajectories get weight 0.
+    pub infra_failure: bool,
+    /// 0/1 (or a Harbor float reward); null when the trial could not be graded.
+    pub reward: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader: Option<GraderResult>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stages: BTreeMap<String, StageTiming>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audit: Vec<AuditEvent>,
+    /// The agent's change as a unified diff against the squashed base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+    /// `train` or `eval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+impl Trajectory {
+    /// The canonical trajectory id for (task, group, sample).
+    pub fn make_id(task_id: &str, group_id: u64, sample_index: u32) -> String {
+        format!("{task_id}/{group_id}/{sample_index}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn termination_strings_round_trip() {
+        for s in [
+            "finished",
+            "agent_timeout",
+            "max_turns",
+            "context_limit",
+            "agent_crash",
+            "infra:setup",
+        ] {
+            let t: Termination = s.parse().unwrap();
+            assert_eq!(t.to_string(), s);
+            assert_eq!(serde_json::to_value(&t).unwrap(), Value::String(s.into()));
+        }
+        assert!("infra:".parse::<Termination>().is_err());
+        assert!("done".parse::<Termination>().is_err());
+        assert!(Termination::Infra("evaluate".into()).is_infra());
+    }
+}

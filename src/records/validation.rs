@@ -1,0 +1,102 @@
+//! `StepMetrics` (one per train-step) and `ValidationReport` (one per validate run): flat objects
+//! of numbers so that report and a pandas user read them directly.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// What one train-step measured (`lego-rl/step-metrics/v1`). Optional fields are absent when
+/// the quantity does not apply (e.g. routing metrics on a dense model).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct StepMetrics {
+    pub schema: String,
+    /// Step number after this update (the new checkpoint's policy version).
+    pub step: u64,
+    pub loss: f64,
+    #[serde(default)]
+    pub lr: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_fraction: Option<f64>,
+    /// Gradient norm before clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_std: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_variance_group_fraction: Option<f64>,
+    #[serde(default)]
+    pub groups: u64,
+    #[serde(default)]
+    pub valid_trajectories: u64,
+    #[serde(default)]
+    pub infra_failed_trajectories: u64,
+    #[serde(default)]
+    pub samples: u64,
+    #[serde(default)]
+    pub policy_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Pearson correlation of rollout vs trainer log-probs over all policy tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_pearson: Option<f64>,
+    /// Median over sequences of the per-sequence Pearson correlation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_pearson_seq_median: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_max_abs_diff: Option<f64>,
+    /// Mean of the k3 KL estimate between rollout and trainer policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_kl: Option<f64>,
+    /// Fraction of (token, layer) top-k sets where the trainer's own routing equals the recorded one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_overlap: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+}
+
+/// One gate's verdict.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct GateResult {
+    pub name: String,
+    /// The measured value (null when there was nothing to measure).
+    pub value: Option<f64>,
+    /// `>=` or `<=`.
+    pub op: String,
+    pub threshold: f64,
+    pub passed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What one validate run found (`lego-rl/validation-report/v1`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct ValidationReport {
+    pub schema: String,
+    /// The latest train step covered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    pub passed: bool,
+    #[serde(default)]
+    pub gates: Vec<GateResult>,
+    /// Record-level checks: files read, records, bad records.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub checks: Map<String, Value>,
+    /// Held-out evaluation (pass@1 with its 95% interval, pass@k, per harness / repo).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub eval: Map<String, Value>,
+}

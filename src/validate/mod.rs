@@ -1,0 +1,99 @@
+//! Run validation. This first layer checks record files: every record parses as its kind and
+//! carries a known `schema`. Run-health gates build on it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::io::{open_lines, IoError, TornTail};
+use crate::records::parse_any;
+
+/// At most this many record errors are kept per file for the report.
+const MAX_ERRORS: usize = 5;
+
+/// What checking one file found.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FileCheck {
+    pub path: PathBuf,
+    pub records: u64,
+    pub bad: u64,
+    /// Records per kind.
+    pub kinds: BTreeMap<String, u64>,
+    /// The first few bad records, each naming file and record.
+    pub errors: Vec<String>,
+    /// Set when the file itself could not be read to the end (missing, truncated, corrupt).
+    pub fatal: Option<String>,
+}
+
+/// Checks every record of `path`.
+pub fn check_file(path: &Path) -> FileCheck {
+    let mut check = FileCheck {
+        path: path.to_path_buf(),
+        records: 0,
+        bad: 0,
+        kinds: BTreeMap::new(),
+        errors: Vec::new(),
+        fatal: None,
+    };
+    let mut lines = match open_lines(path, TornTail::Error) {
+        Ok(l) => l,
+        Err(e) => {
+            check.fatal = Some(e.to_string());
+            return check;
+        }
+    };
+    loop {
+        let mut batch = Vec::with_capacity(1024);
+        let mut end = false;
+        while batch.len() < 1024 {
+            match lines.next_line() {
+                Ok(Some(item)) => batch.push(item),
+                Ok(None) => {
+                    end = true;
+                    break;
+                }
+                Err(e) => {
+                    check.fatal = Some(e.to_string());
+                    end = true;
+                    break;
+                }
+            }
+        }
+        let results: Vec<(u64, Result<&'static str, String>)> = batch
+            .into_par_iter()
+            .map(|(line, text)| {
+                let r = serde_json::from_str::<serde_json::Value>(&text)
+                    .map_err(|e| format!("not JSON: {e}"))
+                    .and_then(parse_any);
+                (line, r)
+            })
+            .collect();
+        for (line, r) in results {
+            check.records += 1;
+            match r {
+                Ok(kind) => *check.kinds.entry(kind.to_string()).or_default() += 1,
+                Err(msg) => {
+                    check.bad += 1;
+                    if check.errors.len() < MAX_ERRORS {
+                        let e = IoError::BadRecord {
+                            path: path.to_path_buf(),
+                            line,
+                            msg,
+                        };
+                        check.errors.push(e.to_string());
+                    }
+                }
+            }
+        }
+        if end {
+            return check;
+        }
+    }
+}
+
+/// Checks several files in parallel, in input order.
+pub fn check_files(paths: &[PathBuf]) -> Vec<FileCheck> {
+    paths.par_iter().map(|p| check_file(p)).collect()
+}
