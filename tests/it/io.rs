@@ -1,0 +1,1 @@
+//! IO through the binary: piping, truncated files, corrupt lines, append after SIGKILL.
