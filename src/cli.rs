@@ -34,6 +34,19 @@ pub struct GlobalArgs {
     /// Never draw progress bars (they are hidden anyway when stderr is not a terminal).
     #[arg(long, global = true)]
     pub no_progress: bool,
+    /// Fail on the first bad input record instead of skipping and counting it.
+    #[arg(long, global = true)]
+    pub strict: bool,
+}
+
+impl GlobalArgs {
+    /// Read options for input files that a finished producer wrote.
+    pub fn read_options(&self) -> crate::io::ReadOptions {
+        crate::io::ReadOptions {
+            strict: self.strict,
+            torn_tail: crate::io::TornTail::Error,
+        }
+    }
 }
 
 /// The subcommands, in pipeline order.

@@ -29,8 +29,8 @@ pub struct ValidateArgs {
 }
 
 /// Runs `validate`.
-pub fn run(args: ValidateArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let checks = check_files(&args.files);
+pub fn run(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    let checks = check_files(&args.files, global.strict);
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &checks)?;

@@ -74,3 +74,6 @@ pub enum IoError {
 pub fn is_stdio(path: &std::path::Path) -> bool {
     path.as_os_str() == "-"
 }
+
+#[cfg(test)]
+mod tests;

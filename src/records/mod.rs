@@ -186,3 +186,6 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod snapshots;

@@ -27,8 +27,8 @@ pub struct FileCheck {
     pub fatal: Option<String>,
 }
 
-/// Checks every record of `path`.
-pub fn check_file(path: &Path) -> FileCheck {
+/// Checks every record of `path`. With `strict`, the first bad record is fatal.
+pub fn check_file(path: &Path, strict: bool) -> FileCheck {
     let mut check = FileCheck {
         path: path.to_path_buf(),
         records: 0,
@@ -76,12 +76,16 @@ pub fn check_file(path: &Path) -> FileCheck {
                 Ok(kind) => *check.kinds.entry(kind.to_string()).or_default() += 1,
                 Err(msg) => {
                     check.bad += 1;
+                    let e = IoError::BadRecord {
+                        path: path.to_path_buf(),
+                        line,
+                        msg,
+                    };
+                    if strict {
+                        check.fatal = Some(format!("{e} (--strict)"));
+                        return check;
+                    }
                     if check.errors.len() < MAX_ERRORS {
-                        let e = IoError::BadRecord {
-                            path: path.to_path_buf(),
-                            line,
-                            msg,
-                        };
                         check.errors.push(e.to_string());
                     }
                 }
@@ -94,6 +98,6 @@ pub fn check_file(path: &Path) -> FileCheck {
 }
 
 /// Checks several files in parallel, in input order.
-pub fn check_files(paths: &[PathBuf]) -> Vec<FileCheck> {
-    paths.par_iter().map(|p| check_file(p)).collect()
+pub fn check_files(paths: &[PathBuf], strict: bool) -> Vec<FileCheck> {
+    paths.par_iter().map(|p| check_file(p, strict)).collect()
 }
