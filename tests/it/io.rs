@@ -229,3 +229,14 @@ fn append_writer_survives_sigkill() {
         "no record lost or duplicated"
     );
 }
+
+#[test]
+fn example_records_of_every_kind_validate() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/records/examples.jsonl");
+    let out = lego().args(["validate", "--json", path]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds = v[0]["kinds"].as_object().unwrap();
+    assert_eq!(kinds.len(), lego_rl::records::KNOWN_SCHEMAS.len(), "{kinds:?}");
+    assert_eq!(v[0]["bad"], 0);
+}
