@@ -156,13 +156,16 @@ fn is_zstd_eof(e: &io::Error) -> bool {
     msg.contains("incomplete") || msg.contains("unexpected end") || msg.contains("truncated")
 }
 
+/// Decompressed lines with their numbers, and the error that ended the input, if any.
+type LineBatch = (Vec<(u64, String)>, Option<IoError>);
+
 /// A streaming iterator of typed records. Bad records are skipped and counted unless
 /// [`ReadOptions::strict`]; every error names the file and the record.
 pub struct RecordReader<R: Record> {
     path: PathBuf,
     /// Batches of decompressed lines from the reading thread, which overlaps decompression with
     /// JSON parsing (measured in scripts/bench/io.sh); ends with the error that stopped it, if any.
-    rx: std::sync::mpsc::Receiver<(Vec<(u64, String)>, Option<IoError>)>,
+    rx: std::sync::mpsc::Receiver<LineBatch>,
     opts: ReadOptions,
     queue: VecDeque<Result<R, IoError>>,
     skipped: u64,

@@ -1,0 +1,169 @@
+//! Inference backends behind one interface: token ids in, token ids out, with the log-prob of
+//! every sampled token and, for MoE models, the experts each layer routed every position to.
+//!
+//! The proxy renders conversations to tokens itself and asks a backend only for token-level
+//! generation, so what the engine saw and sampled is exactly what gets captured and trained on.
+//! Backends: `vllm` ([`vllm::VllmBackend`]) and `sglang` ([`sglang::SglangBackend`]) over HTTP;
+//! the embedded tch engine lives beside the model code.
+
+pub mod npy;
+pub mod sglang;
+pub mod vllm;
+
+use futures::future::BoxFuture;
+
+use crate::records::Sampling;
+
+/// One token-level generation request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub sampling: Sampling,
+    /// Token ids that end generation (e.g. `<|im_end|>`); the stop token is part of the output.
+    pub stop_token_ids: Vec<u32>,
+    /// Ask for MoE routing (ignored by dense models).
+    pub return_routing: bool,
+}
+
+/// MoE routing of a generation: expert ids `[tokens, layers, top_k]`, row-major, covering
+/// positions `start .. start + tokens` of prompt+output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub start: usize,
+    pub tokens: usize,
+    pub layers: usize,
+    pub top_k: usize,
+    pub experts: Vec<u16>,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The backend gave no or an unknown reason.
+    Other,
+}
+
+impl FinishReason {
+    /// Maps a backend's finish-reason string.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "stop" | "eos" | "stop_token" => FinishReason::Stop,
+            "length" | "max_tokens" => FinishReason::Length,
+            _ => FinishReason::Other,
+        }
+    }
+
+    /// The OpenAI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Other => "other",
+        }
+    }
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOutput {
+    pub output_ids: Vec<u32>,
+    /// Log-prob of each output token under the sampling distribution.
+    pub logprobs: Vec<f32>,
+    pub routing: Option<Routing>,
+    pub finish_reason: FinishReason,
+    /// Seconds the backend reported or the client measured.
+    pub seconds: f64,
+}
+
+/// Errors of the inference backends.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{backend}: cannot reach {url}: {source}")]
+    Unavailable {
+        backend: &'static str,
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{backend}: {url} answered HTTP {status}: {body}")]
+    Status {
+        backend: &'static str,
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{backend}: unexpected response from {url}: {msg}")]
+    BadResponse {
+        backend: &'static str,
+        url: String,
+        msg: String,
+    },
+    #[error("{backend}: weight reload is not supported: {msg}")]
+    ReloadUnsupported { backend: &'static str, msg: String },
+}
+
+/// A token-level inference backend.
+pub trait Backend: Send + Sync {
+    /// A short id recorded in every capture (`vllm:http://…`, `embedded`).
+    fn id(&self) -> String;
+    /// Generates a continuation of `req.prompt_ids`.
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>>;
+    /// Loads new weights from a checkpoint directory (the asynchronous loop's policy update).
+    fn reload(&self, checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<(), EngineError>>;
+}
+
+/// Shape of the routing a model produces (from its config.json), needed to reshape flat arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingShape {
+    pub layers: usize,
+    pub top_k: usize,
+}
+
+fn status_error(backend: &'static str, url: &str, status: reqwest::StatusCode, body: String) -> EngineError {
+    EngineError::Status {
+        backend,
+        url: url.to_string(),
+        status: status.as_u16(),
+        body: body.chars().take(500).collect(),
+    }
+}
+
+/// POSTs JSON and returns the parsed JSON answer, mapping failures to [`EngineError`].
+async fn post_json(
+    client: &reqwest::Client,
+    backend: &'static str,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, EngineError> {
+    let resp = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .map_err(|source| EngineError::Unavailable {
+            backend,
+            url: url.to_string(),
+            source,
+        })?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|source| EngineError::Unavailable {
+        backend,
+        url: url.to_string(),
+        source,
+    })?;
+    if !status.is_success() {
+        return Err(status_error(backend, url, status, text));
+    }
+    serde_json::from_str(&text).map_err(|e| EngineError::BadResponse {
+        backend,
+        url: url.to_string(),
+        msg: format!("not JSON: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests;

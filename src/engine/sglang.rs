@@ -1,0 +1,174 @@
+//! SGLang backend: `POST /generate` with token ids.
+//!
+//! Request: `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`, `top_p`, `top_k`,
+//! `stop_token_ids`, `skip_special_tokens: false`, `no_stop_trim: true`), `return_logprob: true`,
+//! `return_routed_experts: true`. Response: `output_ids`, `meta_info.output_token_logprobs` as
+//! `[logprob, token_id, text]` triples, `meta_info.finish_reason` (`{"type": "stop"|"length", ...}`),
+//! `meta_info.routed_experts` (base64 of a flat little-endian int32 array, reshaped with the
+//! model's layer count and top-k) starting at position `meta_info.routed_experts_start_len`
+//! (0 when absent). Weight reload: `POST /update_weights_from_disk {"model_path": DIR}`.
+
+use std::time::Instant;
+
+use base64::Engine as _;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde_json::{json, Value};
+
+use super::{
+    post_json, Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape,
+};
+
+const NAME: &str = "sglang";
+
+/// An SGLang server.
+pub struct SglangBackend {
+    base: String,
+    client: reqwest::Client,
+    shape: Option<RoutingShape>,
+}
+
+impl SglangBackend {
+    /// `base` is the server root; `shape` is the model's MoE routing shape (None for dense).
+    pub fn new(base: &str, shape: Option<RoutingShape>) -> Self {
+        SglangBackend {
+            base: base.trim_end_matches('/').to_string(),
+            client: reqwest::Client::new(),
+            shape,
+        }
+    }
+
+    async fn generate_inner(&self, req: GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        let url = format!("{}/generate", self.base);
+        let s = &req.sampling;
+        let mut params = json!({
+            "max_new_tokens": s.max_tokens.unwrap_or(1024),
+            "temperature": s.temperature.unwrap_or(1.0),
+            "stop_token_ids": req.stop_token_ids,
+            "skip_special_tokens": false,
+            "no_stop_trim": true,
+        });
+        if let Some(p) = s.top_p {
+            params["top_p"] = json!(p);
+        }
+        if let Some(k) = s.top_k {
+            params["top_k"] = json!(k);
+        }
+        if let Some(seed) = s.seed {
+            params["sampling_seed"] = json!(seed);
+        }
+        if !s.stop.is_empty() {
+            params["stop"] = json!(s.stop);
+        }
+        let want_routing = req.return_routing && self.shape.is_some();
+        let body = json!({
+            "input_ids": req.prompt_ids,
+            "sampling_params": params,
+            "return_logprob": true,
+            "return_routed_experts": want_routing,
+        });
+        let start = Instant::now();
+        let v = post_json(&self.client, NAME, &url, &body).await?;
+        let bad = |msg: &str| EngineError::BadResponse {
+            backend: NAME,
+            url: url.clone(),
+            msg: msg.to_string(),
+        };
+        let meta = &v["meta_info"];
+        let triples = meta["output_token_logprobs"]
+            .as_array()
+            .ok_or_else(|| bad("no meta_info.output_token_logprobs"))?;
+        let mut logprobs = Vec::with_capacity(triples.len());
+        let mut ids_from_logprobs = Vec::with_capacity(triples.len());
+        for t in triples {
+            logprobs.push(
+                t[0].as_f64()
+                    .ok_or_else(|| bad("output_token_logprobs[i][0] is not a number"))?
+                    as f32,
+            );
+            ids_from_logprobs.push(
+                t[1].as_u64()
+                    .ok_or_else(|| bad("output_token_logprobs[i][1] is not a token id"))?
+                    as u32,
+            );
+        }
+        let output_ids: Vec<u32> = match v["output_ids"].as_array() {
+            Some(ids) => ids
+                .iter()
+                .map(|x| x.as_u64().map(|i| i as u32))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("bad output_ids"))?,
+            None => ids_from_logprobs.clone(),
+        };
+        if output_ids != ids_from_logprobs {
+            return Err(bad("output_ids disagree with the ids in output_token_logprobs"));
+        }
+        let finish = match &meta["finish_reason"] {
+            Value::Object(o) => o.get("type").and_then(Value::as_str).unwrap_or("").to_string(),
+            Value::String(s) => s.clone(),
+            _ => String::new(),
+        };
+        let routing = match (want_routing, self.shape, meta["routed_experts"].as_str()) {
+            (true, Some(shape), Some(b64)) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .map_err(|e| bad(&format!("routed_experts is not base64: {e}")))?;
+                let per = shape.layers * shape.top_k * 4;
+                if bytes.len() % per != 0 {
+                    return Err(bad(&format!(
+                        "routed_experts has {} bytes, not a multiple of layers*top_k*4 = {per}",
+                        bytes.len()
+                    )));
+                }
+                let experts: Vec<u16> = bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).clamp(0, u16::MAX as i32) as u16)
+                    .collect();
+                Some(Routing {
+                    start: meta["routed_experts_start_len"].as_u64().unwrap_or(0) as usize,
+                    tokens: bytes.len() / per,
+                    layers: shape.layers,
+                    top_k: shape.top_k,
+                    experts,
+                })
+            }
+            _ => None,
+        };
+        Ok(GenerateOutput {
+            output_ids,
+            logprobs,
+            routing,
+            finish_reason: FinishReason::parse(&finish),
+            seconds: meta["e2e_latency"]
+                .as_f64()
+                .unwrap_or_else(|| start.elapsed().as_secs_f64()),
+        })
+    }
+
+    async fn reload_inner(&self, dir: std::path::PathBuf) -> Result<(), EngineError> {
+        let url = format!("{}/update_weights_from_disk", self.base);
+        let v = post_json(&self.client, NAME, &url, &json!({ "model_path": dir })).await?;
+        if v["success"].as_bool() == Some(false) {
+            return Err(EngineError::BadResponse {
+                backend: NAME,
+                url,
+                msg: format!("reload failed: {}", v["message"].as_str().unwrap_or("")),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for SglangBackend {
+    fn id(&self) -> String {
+        format!("sglang:{}", self.base)
+    }
+
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
+        self.generate_inner(req).boxed()
+    }
+
+    fn reload(&self, checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<(), EngineError>> {
+        self.reload_inner(checkpoint_dir.to_path_buf()).boxed()
+    }
+}

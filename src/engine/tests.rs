@@ -1,0 +1,200 @@
+//! The vLLM and SGLang clients against a small HTTP server that answers in exactly the shapes
+//! those servers document (field names cited in vllm.rs / sglang.rs).
+
+use std::net::SocketAddr;
+
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::records::Sampling;
+
+const LAYERS: usize = 2;
+const TOP_K: usize = 2;
+
+fn expert(pos: usize, layer: usize, k: usize) -> u16 {
+    ((pos * 7 + layer * 3 + k) % 8) as u16
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// vLLM `/v1/completions`: echoes prompt.len() new tokens (ids prompt[i]+1), whole-sequence
+/// routing minus the last token as a base64 .npy.
+async fn vllm_completions(Json(req): Json<Value>) -> Json<Value> {
+    assert_eq!(req["return_token_ids"], true);
+    assert_eq!(req["return_tokens_as_token_ids"], true);
+    assert!(
+        req["max_tokens"].as_u64().is_some(),
+        "max_tokens must always be sent (vLLM defaults to 16)"
+    );
+    let prompt: Vec<u64> = req["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    let out: Vec<u64> = prompt.iter().map(|p| p + 1).collect();
+    let rows = prompt.len() + out.len() - 1;
+    let data: Vec<u16> = (0..rows)
+        .flat_map(|t| (0..LAYERS).flat_map(move |l| (0..TOP_K).map(move |k| expert(t, l, k))))
+        .collect();
+    Json(json!({
+        "id": "cmpl-1", "object": "text_completion", "model": "tiny",
+        "choices": [{
+            "index": 0, "text": "…", "finish_reason": "length",
+            "token_ids": out,
+            "logprobs": {
+                "tokens": out.iter().map(|i| format!("token_id:{i}")).collect::<Vec<_>>(),
+                "token_logprobs": out.iter().map(|i| -(*i as f64) / 100.0).collect::<Vec<_>>(),
+            },
+            "routed_experts": b64(&npy::write_u16(&[rows, LAYERS, TOP_K], &data, true)),
+        }],
+        "usage": {"prompt_tokens": prompt.len(), "completion_tokens": out.len()},
+    }))
+}
+
+/// SGLang `/generate`: two new tokens, flat int32 routing from position 0.
+async fn sglang_generate(Json(req): Json<Value>) -> Json<Value> {
+    assert_eq!(req["return_logprob"], true);
+    assert_eq!(req["sampling_params"]["skip_special_tokens"], false);
+    let prompt = req["input_ids"].as_array().unwrap().len();
+    let out = [11u64, 151645];
+    let rows = prompt + out.len() - 1;
+    let flat: Vec<u8> = (0..rows)
+        .flat_map(|t| (0..LAYERS).flat_map(move |l| (0..TOP_K).map(move |k| expert(t, l, k) as i32)))
+        .flat_map(|e| e.to_le_bytes())
+        .collect();
+    Json(json!({
+        "text": "x<|im_end|>",
+        "output_ids": out,
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 151645},
+            "output_token_logprobs": [[-0.5, 11, "x"], [-0.25, 151645, null]],
+            "routed_experts": b64(&flat),
+            "routed_experts_start_len": 0,
+            "e2e_latency": 0.01,
+        },
+    }))
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn request(prompt: Vec<u32>) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids: prompt,
+        sampling: Sampling {
+            max_tokens: Some(8),
+            temperature: Some(1.0),
+            ..Default::default()
+        },
+        stop_token_ids: vec![151645],
+        return_routing: true,
+    }
+}
+
+#[tokio::test]
+async fn vllm_client_reads_tokens_logprobs_and_npy_routing() {
+    let app = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { Json(json!({"object": "list", "data": [{"id": "tiny"}]})) }),
+        )
+        .route("/v1/completions", post(vllm_completions));
+    let addr = serve(app).await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}/"));
+    let out = backend.generate(request(vec![5, 6, 7])).await.unwrap();
+    assert_eq!(out.output_ids, vec![6, 7, 8]);
+    assert_eq!(out.logprobs, vec![-0.06, -0.07, -0.08]);
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    let r = out.routing.unwrap();
+    assert_eq!((r.start, r.tokens, r.layers, r.top_k), (0, 5, LAYERS, TOP_K));
+    assert_eq!(r.experts[(4 * LAYERS + 1) * TOP_K + 1], expert(4, 1, 1));
+    assert!(backend.reload(std::path::Path::new("/ckpt")).await.is_err());
+}
+
+#[tokio::test]
+async fn sglang_client_reads_triples_and_flat_routing_and_reloads() {
+    let app = Router::new().route("/generate", post(sglang_generate)).route(
+        "/update_weights_from_disk",
+        post(|Json(v): Json<Value>| async move {
+            Json(json!({"success": v["model_path"] == "/ckpt/step-1", "message": "ok"}))
+        }),
+    );
+    let addr = serve(app).await;
+    let backend = sglang::SglangBackend::new(
+        &format!("http://{addr}"),
+        Some(RoutingShape {
+            layers: LAYERS,
+            top_k: TOP_K,
+        }),
+    );
+    let out = backend.generate(request(vec![1, 2, 3, 4])).await.unwrap();
+    assert_eq!(out.output_ids, vec![11, 151645]);
+    assert_eq!(out.logprobs, vec![-0.5, -0.25]);
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    let r = out.routing.unwrap();
+    assert_eq!((r.start, r.tokens), (0, 5));
+    assert_eq!(r.experts[(3 * LAYERS) * TOP_K], expert(3, 0, 0));
+    backend
+        .reload(std::path::Path::new("/ckpt/step-1"))
+        .await
+        .unwrap();
+    assert!(backend.reload(std::path::Path::new("/other")).await.is_err());
+}
+
+#[tokio::test]
+async fn server_errors_and_unreachable_servers_are_reported() {
+    let app = Router::new().route(
+        "/generate",
+        post(|| async {
+            (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "CUDA out of memory",
+            )
+        }),
+    );
+    let addr = serve(app).await;
+    let backend = sglang::SglangBackend::new(&format!("http://{addr}"), None);
+    let err = backend.generate(request(vec![1])).await.unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Status { status: 500, body, .. } if body.contains("out of memory")),
+        "{err}"
+    );
+    // A port nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let backend = vllm::VllmBackend::new(&format!("http://{dead}"));
+    let err = backend.generate(request(vec![1])).await.unwrap_err();
+    assert!(matches!(err, EngineError::Unavailable { .. }), "{err}");
+}
+
+#[test]
+fn npy_round_trip_and_errors() {
+    let data: Vec<u16> = (0..24).collect();
+    for as_u8 in [true, false] {
+        let bytes = npy::write_u16(&[3, 4, 2], &data, as_u8);
+        assert_eq!(
+            bytes.len() % 64,
+            (24 * if as_u8 { 1 } else { 2 }) % 64,
+            "header is 64-byte aligned"
+        );
+        let arr = npy::parse(&bytes).unwrap();
+        assert_eq!(arr.shape, vec![3, 4, 2]);
+        assert_eq!(arr.data, (0..24).collect::<Vec<u32>>());
+    }
+    assert!(npy::parse(b"not npy at all").is_err());
+    let mut short = npy::write_u16(&[3, 4, 2], &data, false);
+    short.truncate(short.len() - 1);
+    assert!(npy::parse(&short).unwrap_err().contains("needs"));
+}
