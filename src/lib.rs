@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cmd;
 pub mod engine;
 pub mod env;
+pub mod harness;
 pub mod io;
 pub mod records;
 pub mod ui;
