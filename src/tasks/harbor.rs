@@ -240,3 +240,75 @@ mod tests {
         assert_eq!(parse_size_mb("lots"), None);
     }
 }
+
+#[cfg(test)]
+mod fixture_tests {
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/harbor").join(name)
+    }
+
+    fn harbor_meta(t: &Task) -> &Map<String, Value> {
+        t.metadata["harbor"].as_object().expect("harbor metadata")
+    }
+
+    #[test]
+    fn legacy_task_toml_keys_normalise() {
+        let t = load(&fixture("hello-world")).unwrap();
+        assert_eq!(t.id, "hello-world");
+        assert_eq!(t.source, TaskSource::Harbor);
+        assert!(t.instruction.contains("hello.txt"), "{}", t.instruction);
+        let h = harbor_meta(&t);
+        assert_eq!(h["schema_version"], json!("1.0"));
+        assert_eq!(h["memory_mb"], json!(2048));
+        assert_eq!(h["storage_mb"], json!(10240));
+        assert_eq!(h["compose"], json!(false));
+        assert!(h["solution"].as_str().unwrap().ends_with("hello-world/solution/solve.sh"));
+        assert_eq!(t.metadata["difficulty"], json!("easy"));
+        assert_eq!(t.timeouts.agent_s, 120.0);
+        assert!(t.environment.dockerfile.as_deref().unwrap().contains("FROM"));
+        match &t.grader {
+            Some(Grader::Harbor { tests_dir }) => assert!(tests_dir.ends_with("hello-world/tests")),
+            other => panic!("grader {other:?}"),
+        }
+    }
+
+    #[test]
+    fn current_keys_compose_and_steps() {
+        let t = load(&fixture("simple-task")).unwrap();
+        assert_eq!(harbor_meta(&t)["memory_mb"], json!(2048));
+        let mc = load(&fixture("multi-container")).unwrap();
+        assert_eq!(harbor_meta(&mc)["compose"], json!(true));
+        let ms = load(&fixture("multi-step")).unwrap();
+        assert_eq!(harbor_meta(&ms)["steps"], json!(["scaffold", "implement", "document"]));
+        assert_eq!(harbor_meta(&ms)["schema_version"], json!("1.1"));
+        assert!(ms.instruction.starts_with("## Step scaffold"));
+        assert_eq!(ms.environment.workdir.as_deref(), Some("/app"));
+    }
+
+    #[test]
+    fn prebuilt_image_task_and_a_broken_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = dir.path().join("caffe-cifar-10");
+        std::fs::create_dir_all(task.join("tests")).unwrap();
+        std::fs::copy(
+            fixture("_task-toml-samples/terminal-bench-2.1__caffe-cifar-10.task.toml"),
+            task.join("task.toml"),
+        )
+        .unwrap();
+        std::fs::write(task.join("tests/test.sh"), "#!/bin/bash\n").unwrap();
+        let err = load(&task).unwrap_err().to_string();
+        assert!(err.contains("caffe-cifar-10: cannot read task directory: instruction.md is missing"), "{err}");
+        std::fs::write(task.join("instruction.md"), "Train it.\n").unwrap();
+        let t = load(&task).unwrap();
+        assert_eq!(t.environment.image.as_deref(), Some("alexgshaw/caffe-cifar-10:20260403"));
+        assert_eq!(harbor_meta(&t)["memory_mb"], json!(8192));
+        assert_eq!(harbor_meta(&t)["name"], json!("terminal-bench/caffe-cifar-10"));
+        assert_eq!(t.timeouts.eval_s, 1200.0);
+        let dirs = task_dirs(dir.path()).unwrap();
+        assert_eq!(dirs, vec![task.clone()]);
+        let empty = tempfile::tempdir().unwrap();
+        assert!(task_dirs(empty.path()).unwrap_err().to_string().contains("no task.toml"));
+    }
+}

@@ -2,4 +2,5 @@
 
 mod cli;
 mod common;
+mod filter_tasks;
 mod io;
