@@ -22,8 +22,8 @@ use crate::tasks::filter::{
 /// Without --stages, rules run (unless --no-rules) plus every stage whose input is given.
 ///
 /// Outputs: kept tasks (-o), one decision per task (--decisions), the funnel as CSV (--funnel)
-/// and as a table: on stdout when -o is a file, on stderr when -o is `-` (stdout then carries
-/// only the tasks). Exit 1 when --keep-going recorded bad inputs.
+/// and as a table: on stdout when -o is a file (or --dry-run), on stderr when -o is `-` (stdout
+/// then carries only the tasks). Exit 1 when --keep-going recorded bad inputs.
 ///
 /// Example:
 ///   lego-rl filter-tasks -i pool.jsonl.zst -o run/tasks.kept.jsonl.zst \
@@ -43,6 +43,9 @@ pub struct FilterTasksArgs {
     /// Write the funnel as CSV (stage,in,out,dropped,reason,count).
     #[arg(long, value_name = "FILE")]
     pub funnel: Option<PathBuf>,
+    /// Run the stages and report the funnel (and decisions) without writing kept tasks.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Record bad records and unreadable inputs in the funnel instead of stopping (exit 1 at the end).
     #[arg(long)]
     pub keep_going: bool,
@@ -188,6 +191,7 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
         output: a.output.clone(),
         decisions: a.decisions.clone(),
         funnel_csv: a.funnel.clone(),
+        dry_run: a.dry_run,
         keep_going: a.keep_going,
         rules: on(Stage::Rules).then(|| RuleSettings {
             min_statement_chars: a.min_statement_chars,
@@ -249,7 +253,7 @@ pub fn run(args: FilterTasksArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     let summary = filter::run(&settings, &progress)?;
     progress.finish_and_clear();
     let table = summary.funnel.to_table();
-    if is_stdio(&settings.output) {
+    if is_stdio(&settings.output) && !settings.dry_run {
         if !global.quiet {
             eprint!("{table}");
         }

@@ -76,12 +76,15 @@ impl Facts {
         if self.language.is_none() {
             self.language = st.language.map(str::to_string);
         }
-        self.patch_key = Some(content_hash(&[text]));
-        self.dedupe_key = Some(content_hash(&[
-            self.repo.as_deref().unwrap_or(""),
-            self.base_commit.as_deref().unwrap_or(""),
-            text,
-        ]));
+        let patch_key = content_hash(&[text]);
+        self.patch_key = Some(patch_key);
+        // The patch enters the dedupe key through its hash, so it is hashed once.
+        #[expect(deprecated, reason = "SipHasher is the stable fixed-key hasher in std")]
+        let mut h = std::hash::SipHasher::new();
+        self.repo.as_deref().unwrap_or("").hash(&mut h);
+        self.base_commit.as_deref().unwrap_or("").hash(&mut h);
+        patch_key.hash(&mut h);
+        self.dedupe_key = Some(h.finish());
         self.patch = Some(st);
     }
 

@@ -145,24 +145,20 @@ const LANGS: [(&str, &[&str]); 10] = [
 pub fn is_test_path(path: &str) -> bool {
     let mut parts = path.rsplit('/');
     let file = parts.next().unwrap_or(path);
-    for dir in parts {
-        let d = dir.to_ascii_lowercase();
-        if matches!(
-            d.as_str(),
-            "test" | "tests" | "testing" | "e2e" | "__tests__" | "spec" | "specs" | "unittests"
-        ) {
-            return true;
-        }
+    const TEST_DIRS: [&str; 8] = ["test", "tests", "testing", "e2e", "__tests__", "spec", "specs", "unittests"];
+    if parts.any(|dir| TEST_DIRS.iter().any(|t| dir.eq_ignore_ascii_case(t))) {
+        return true;
     }
     let stem = file.split('.').next().unwrap_or(file);
-    let lower = stem.to_ascii_lowercase();
-    lower.starts_with("test_")
-        || lower == "test"
-        || lower == "tests"
-        || lower == "conftest"
-        || lower.ends_with("_test")
-        || lower.ends_with("_tests")
-        || lower.ends_with("_spec")
+    let starts = |p: &str| stem.len() >= p.len() && stem.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes());
+    let ends = |p: &str| {
+        stem.len() >= p.len() && stem.as_bytes()[stem.len() - p.len()..].eq_ignore_ascii_case(p.as_bytes())
+    };
+    starts("test_")
+        || ["test", "tests", "conftest"].iter().any(|n| stem.eq_ignore_ascii_case(n))
+        || ends("_test")
+        || ends("_tests")
+        || ends("_spec")
         || stem.ends_with("Test")
         || stem.ends_with("Tests")
         || file.contains(".test.")

@@ -8,32 +8,32 @@ use std::path::{Path, PathBuf};
 use serde_json::value::RawValue;
 
 use super::facts::Facts;
-use super::view::{parse_view, swebench_facts};
-use super::{harbor, swebench, TaskError};
+use super::view::{parse_fields, render_swebench, swebench_facts, Fields};
+use super::{harbor, TaskError};
 use crate::io::{open_lines, LineSource, TornTail};
 use crate::records::{check_schema, Task};
 
 /// One parsed record of any accepted format.
-pub enum Parsed {
-    /// A SWE-bench line: converted to a `Task` only when kept.
-    Swebench(Facts),
+pub enum Parsed<'a> {
+    /// A SWE-bench line (its raw fields): converted to a `Task` only when kept.
+    Swebench(Facts, Fields<'a>),
     /// A lego-rl task record (from JSONL) or a Harbor directory.
     Task(Box<Task>, Facts),
 }
 
-impl Parsed {
+impl Parsed<'_> {
     /// The facts the stages decide on.
     pub fn facts(&self) -> &Facts {
         match self {
-            Parsed::Swebench(f) | Parsed::Task(_, f) => f,
+            Parsed::Swebench(f, _) | Parsed::Task(_, f) => f,
         }
     }
 }
 
 /// Parses one JSON record (a JSONL line or an array element).
-pub fn parse_record(path: &Path, line: u64, text: &str) -> Result<Parsed, TaskError> {
-    let view = parse_view(path, line, text)?;
-    if view.schema.is_some() {
+pub fn parse_record<'a>(path: &Path, line: u64, text: &'a str) -> Result<Parsed<'a>, TaskError> {
+    let fields = parse_fields(path, line, text)?;
+    if fields.get("schema").is_some() {
         let task: Task = serde_json::from_str(text).map_err(|e| TaskError::BadTaskRecord {
             path: path.to_path_buf(),
             line,
@@ -55,12 +55,13 @@ pub fn parse_record(path: &Path, line: u64, text: &str) -> Result<Parsed, TaskEr
         let facts = Facts::of_task(&task);
         return Ok(Parsed::Task(Box::new(task), facts));
     }
-    Ok(Parsed::Swebench(swebench_facts(path, line, &view)?))
+    let facts = swebench_facts(path, line, &fields)?;
+    Ok(Parsed::Swebench(facts, fields))
 }
 
 /// The kept record as one JSON line (with newline): SWE-bench converted to a `Task`, lego-rl
 /// records passed through as read, Harbor tasks serialised.
-pub fn render(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed) -> Result<Vec<u8>, TaskError> {
+pub fn render(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed<'_>) -> Result<Vec<u8>, TaskError> {
     let ser = |t: &Task| {
         serde_json::to_vec(t).map_err(|e| TaskError::Input {
             path: path.to_path_buf(),
@@ -68,15 +69,16 @@ pub fn render(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed) -> Re
         })
     };
     let mut out = match (parsed, text) {
-        (Parsed::Swebench(_), Some(text)) => ser(&swebench::to_task(path, line, text)?)?,
+        (Parsed::Swebench(_, fields), _) => {
+            let mut v = Vec::with_capacity(text.map_or(4096, |t| t.len() + 512));
+            render_swebench(fields, &mut v).map_err(|msg| TaskError::Input {
+                path: path.to_path_buf(),
+                msg: format!("record {line}: cannot convert to a task: {msg}"),
+            })?;
+            v
+        }
         (Parsed::Task(_, _), Some(text)) => text.trim_end().as_bytes().to_vec(),
         (Parsed::Task(task, _), None) => ser(task)?,
-        (Parsed::Swebench(_), None) => {
-            return Err(TaskError::Input {
-                path: path.to_path_buf(),
-                msg: "invariant: a SWE-bench record always has its text".into(),
-            })
-        }
     };
     out.push(b'\n');
     Ok(out)

@@ -46,7 +46,7 @@ pub fn from_map(path: &Path, line: u64, mut map: Map<String, Value>) -> Result<T
         msg,
     };
     let take_str = |map: &mut Map<String, Value>, field: &str| -> Result<Option<String>, TaskError> {
-        match map.remove(field) {
+        match map.shift_remove(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
             Some(other) => Err(bad(field, format!("expected a string, found {}", type_name(&other)))),
@@ -63,7 +63,7 @@ pub fn from_map(path: &Path, line: u64, mut map: Map<String, Value>) -> Result<T
     let gold_patch = take_str(&mut map, "patch")?;
     let test_patch = take_str(&mut map, "test_patch")?;
     let mut list = |field: &str| -> Result<Vec<String>, TaskError> {
-        match map.remove(field) {
+        match map.shift_remove(field) {
             None | Some(Value::Null) => Ok(Vec::new()),
             Some(v) => {
                 let raw = serde_json::value::to_raw_value(&v).map_err(|e| bad(field, e.to_string()))?;

@@ -172,6 +172,12 @@ mod tests {
             "stage,in,out,dropped,reason,count\ningest,10,10,0,,0\nrules,10,6,4,duplicate,3\nrules,10,6,4,statement_too_short,1\n"
         );
         let table = f.to_table();
-        assert!(table.starts_with("stage  in  out  dropped  reason               count\n"), "{table}");
+        assert_eq!(
+            table,
+            "stage   in  out  dropped  reason               count\n\
+             ingest  10   10        0\n\
+             rules   10    6        4  duplicate                3\n\
+             rules   10    6        4  statement_too_short      1\n"
+        );
     }
 }

@@ -41,6 +41,8 @@ pub struct Settings {
     pub output: PathBuf,
     pub decisions: Option<PathBuf>,
     pub funnel_csv: Option<PathBuf>,
+    /// Run the stages and report, but write no kept tasks.
+    pub dry_run: bool,
     /// Record bad inputs in the funnel and decisions instead of stopping at the first.
     pub keep_going: bool,
     pub rules: Option<RuleSettings>,

@@ -49,7 +49,14 @@ struct Evaluated {
 /// A batch from the reader thread: (path, record number, text) or a read error.
 type Batch = (PathBuf, Vec<(u64, String)>, Option<TaskError>);
 
-fn evaluate(s: &Settings, want_evidence: bool, path: &Path, line: u64, text: Option<&str>, parsed: Result<Parsed, TaskError>) -> Eval {
+fn evaluate(
+    s: &Settings,
+    want_evidence: bool,
+    path: &Path,
+    line: u64,
+    text: Option<&str>,
+    parsed: Result<Parsed<'_>, TaskError>,
+) -> Eval {
     let parsed = match parsed {
         Ok(p) => p,
         Err(e) => return Eval::Bad(e),
@@ -79,6 +86,7 @@ fn evaluate(s: &Settings, want_evidence: bool, path: &Path, line: u64, text: Opt
         stage(Stage::Saturation, sat.check(&f.id));
     }
     let line_out = match &verdict {
+        Ok(()) if s.dry_run => None,
         Ok(()) => match render(path, line, text, &parsed) {
             Ok(bytes) => Some(bytes),
             Err(e) => return Eval::Bad(e),
@@ -142,7 +150,8 @@ struct Sink<'a> {
     s: &'a Settings,
     stages: Vec<Stage>,
     funnel: Funnel,
-    out: AtomicWriter,
+    /// None with `--dry-run`.
+    out: Option<AtomicWriter>,
     decisions: Option<AtomicWriter>,
     ids: HashSet<u64>,
     /// Dedupe key → first id (the id only when decisions are written).
@@ -228,11 +237,13 @@ impl Sink<'_> {
             self.funnel.stage_mut(st).output += 1;
             last = st;
         }
-        let line = ev.line.as_deref().ok_or_else(|| TaskError::Input {
-            path: PathBuf::from("-"),
-            msg: "invariant: a kept record has its output line".into(),
-        })?;
-        self.out.write_raw(line)?;
+        if let Some(out) = &mut self.out {
+            let line = ev.line.as_deref().ok_or_else(|| TaskError::Input {
+                path: PathBuf::from("-"),
+                msg: "invariant: a kept record has its output line".into(),
+            })?;
+            out.write_raw(line)?;
+        }
         self.kept += 1;
         if want {
             let evidence = match &ev.verdict {
@@ -280,7 +291,7 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
         s,
         funnel: Funnel::new(&stages),
         stages,
-        out: AtomicWriter::create(&s.output)?,
+        out: if s.dry_run { None } else { Some(AtomicWriter::create(&s.output)?) },
         decisions: s.decisions.as_deref().map(AtomicWriter::create).transpose()?,
         ids: HashSet::new(),
         keys: HashMap::new(),
@@ -347,7 +358,9 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
     if let Some(d) = sink.decisions.take() {
         d.finish()?;
     }
-    sink.out.finish()?;
+    if let Some(out) = sink.out.take() {
+        out.finish()?;
+    }
     Ok(Summary {
         funnel,
         kept: sink.kept,
