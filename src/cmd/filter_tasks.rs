@@ -56,6 +56,14 @@ pub struct FilterTasksArgs {
     #[arg(long, conflicts_with = "stages")]
     pub no_rules: bool,
 
+    /// Stage settings (boxed: clap's flatten keeps the flags flat on the command line).
+    #[command(flatten)]
+    pub stage: Box<StageArgs>,
+}
+
+/// The flags of the individual stages.
+#[derive(Args, Debug)]
+pub struct StageArgs {
     /// Rules: minimum problem-statement length in characters.
     #[arg(long, default_value_t = RuleSettings::default().min_statement_chars, help_heading = "Rules")]
     pub min_statement_chars: usize,
@@ -129,8 +137,8 @@ pub struct FilterTasksArgs {
 }
 
 fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
-    let has_validity = a.validity_runs.is_some() || a.images.is_some();
-    let has_decontam = a.exclude_instances.is_some() || a.exclude_repos_of.is_some();
+    let has_validity = a.stage.validity_runs.is_some() || a.stage.images.is_some();
+    let has_decontam = a.stage.exclude_instances.is_some() || a.stage.exclude_repos_of.is_some();
     let stages: Vec<Stage> = match &a.stages {
         Some(s) => s.clone(),
         None => {
@@ -144,10 +152,10 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
             if has_validity {
                 s.push(Stage::Validity);
             }
-            if !a.trials.is_empty() {
+            if !a.stage.trials.is_empty() {
                 s.push(Stage::Difficulty);
             }
-            if !a.drop_saturated.is_empty() {
+            if !a.stage.drop_saturated.is_empty() {
                 s.push(Stage::Saturation);
             }
             s
@@ -157,35 +165,39 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
     if on(Stage::Decontamination) && !has_decontam {
         anyhow::bail!("stage decontamination needs --exclude-instances and/or --exclude-repos-of");
     }
-    if on(Stage::Difficulty) && a.trials.is_empty() {
+    if on(Stage::Difficulty) && a.stage.trials.is_empty() {
         anyhow::bail!("stage difficulty needs --trials FILE");
     }
-    if on(Stage::Saturation) && a.drop_saturated.is_empty() {
+    if on(Stage::Saturation) && a.stage.drop_saturated.is_empty() {
         anyhow::bail!("stage saturation needs --drop-saturated FILE");
     }
-    if a.min_solved > a.max_solved || a.max_solved > a.trials_per_task {
+    if a.stage.min_solved > a.stage.max_solved || a.stage.max_solved > a.stage.trials_per_task {
         anyhow::bail!(
             "difficulty band --min-solved {} --max-solved {} must satisfy min ≤ max ≤ --trials-per-task {}",
-            a.min_solved,
-            a.max_solved,
-            a.trials_per_task
+            a.stage.min_solved,
+            a.stage.max_solved,
+            a.stage.trials_per_task
         );
     }
-    if a.min_statement_chars > a.max_statement_chars {
+    if a.stage.min_statement_chars > a.stage.max_statement_chars {
         anyhow::bail!("--min-statement-chars is above --max-statement-chars");
     }
-    let lower = |v: &[String]| v.iter().map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()).collect();
+    let lower = |v: &[String]| {
+        v.iter()
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
     let validity = on(Stage::Validity).then(|| ValiditySettings {
-        runs: a.validity_runs.unwrap_or(1),
-        images: a.images.clone(),
+        runs: a.stage.validity_runs.unwrap_or(1),
+        images: a.stage.images.clone(),
     });
     if let Some(v) = &validity {
         // Fails before any input is read or any output opened.
         filter::validity::checker(v)?;
     }
-    let load_set = |p: &PathBuf, what: &str| {
-        EvalSet::load(p).with_context(|| format!("loading {what} {}", p.display()))
-    };
+    let load_set =
+        |p: &PathBuf, what: &str| EvalSet::load(p).with_context(|| format!("loading {what} {}", p.display()));
     Ok(Settings {
         inputs: a.input.clone(),
         output: a.output.clone(),
@@ -194,21 +206,31 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
         dry_run: a.dry_run,
         keep_going: a.keep_going,
         rules: on(Stage::Rules).then(|| RuleSettings {
-            min_statement_chars: a.min_statement_chars,
-            max_statement_chars: a.max_statement_chars,
-            min_patch_lines: a.min_patch_lines,
-            max_patch_lines: a.max_patch_lines,
-            max_patch_files: a.max_patch_files,
-            max_test_patch_lines: a.max_test_patch_lines,
-            max_test_patch_files: a.max_test_patch_files,
-            check_test_files: !a.no_test_file_check,
-            languages: lower(&a.languages),
-            licenses: lower(&a.licenses),
+            min_statement_chars: a.stage.min_statement_chars,
+            max_statement_chars: a.stage.max_statement_chars,
+            min_patch_lines: a.stage.min_patch_lines,
+            max_patch_lines: a.stage.max_patch_lines,
+            max_patch_files: a.stage.max_patch_files,
+            max_test_patch_lines: a.stage.max_test_patch_lines,
+            max_test_patch_files: a.stage.max_test_patch_files,
+            check_test_files: !a.stage.no_test_file_check,
+            languages: lower(&a.stage.languages),
+            licenses: lower(&a.stage.licenses),
         }),
         decontamination: if on(Stage::Decontamination) {
             Some(Decontamination {
-                instances: a.exclude_instances.as_ref().map(|p| load_set(p, "--exclude-instances")).transpose()?,
-                repos: a.exclude_repos_of.as_ref().map(|p| load_set(p, "--exclude-repos-of")).transpose()?,
+                instances: a
+                    .stage
+                    .exclude_instances
+                    .as_ref()
+                    .map(|p| load_set(p, "--exclude-instances"))
+                    .transpose()?,
+                repos: a
+                    .stage
+                    .exclude_repos_of
+                    .as_ref()
+                    .map(|p| load_set(p, "--exclude-repos-of"))
+                    .transpose()?,
             })
         } else {
             None
@@ -217,12 +239,12 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
         difficulty: if on(Stage::Difficulty) {
             Some(
                 Difficulty::load(
-                    &a.trials,
-                    a.min_solved,
-                    a.max_solved,
-                    a.trials_per_task,
-                    a.solved_threshold,
-                    a.incomplete_trials,
+                    &a.stage.trials,
+                    a.stage.min_solved,
+                    a.stage.max_solved,
+                    a.stage.trials_per_task,
+                    a.stage.solved_threshold,
+                    a.stage.incomplete_trials,
                 )
                 .context("loading --trials")?,
             )
@@ -231,8 +253,12 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
         },
         saturation: if on(Stage::Saturation) {
             Some(
-                Saturation::load(&a.drop_saturated, a.saturation_groups, a.solved_threshold)
-                    .context("loading --drop-saturated")?,
+                Saturation::load(
+                    &a.stage.drop_saturated,
+                    a.stage.saturation_groups,
+                    a.stage.solved_threshold,
+                )
+                .context("loading --drop-saturated")?,
             )
         } else {
             None
@@ -264,7 +290,10 @@ pub fn run(args: FilterTasksArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     }
     tracing::info!("kept {} task(s)", summary.kept);
     if summary.errors > 0 {
-        tracing::warn!("{} bad input(s) recorded in the funnel (--keep-going)", summary.errors);
+        tracing::warn!(
+            "{} bad input(s) recorded in the funnel (--keep-going)",
+            summary.errors
+        );
         return Ok(Outcome::Failures);
     }
     Ok(Outcome::Ok)

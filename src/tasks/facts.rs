@@ -131,13 +131,22 @@ mod tests {
 
     #[test]
     fn repos_normalise_and_derive_from_ids() {
-        assert_eq!(normalize_repo("https://github.com/Django/django.git"), "django/django");
-        assert_eq!(repo_of_instance_id("django__django-10097").as_deref(), Some("django/django"));
+        assert_eq!(
+            normalize_repo("https://github.com/Django/django.git"),
+            "django/django"
+        );
+        assert_eq!(
+            repo_of_instance_id("django__django-10097").as_deref(),
+            Some("django/django")
+        );
         assert_eq!(
             repo_of_instance_id("scikit-learn__scikit-learn-11574").as_deref(),
             Some("scikit-learn/scikit-learn")
         );
-        assert_eq!(repo_of_instance_id("pylint-dev__astroid-1268").as_deref(), Some("pylint-dev/astroid"));
+        assert_eq!(
+            repo_of_instance_id("pylint-dev__astroid-1268").as_deref(),
+            Some("pylint-dev/astroid")
+        );
         assert_eq!(repo_of_instance_id("hello-world"), None);
         assert_eq!(repo_of_instance_id("a__b-x1"), None);
     }

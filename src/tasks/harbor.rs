@@ -73,7 +73,9 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
     let compose = ["docker-compose.yaml", "docker-compose.yml"]
         .iter()
         .any(|f| env_dir.join(f).is_file());
-    let image = get("environment", "docker_image").and_then(|v| v.as_str()).map(str::to_string);
+    let image = get("environment", "docker_image")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
     if dockerfile.is_none() && image.is_none() && !compose {
         return Err(err(
             "no environment: need environment/Dockerfile, environment/docker-compose.yaml or [environment].docker_image"
@@ -82,7 +84,10 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
     }
     let tests_dir = dir.join("tests");
     let has_tests = tests_dir.join("test.sh").is_file()
-        || steps.iter().all(|s| dir.join(format!("steps/{s}/tests/test.sh")).is_file()) && !steps.is_empty();
+        || steps
+            .iter()
+            .all(|s| dir.join(format!("steps/{s}/tests/test.sh")).is_file())
+            && !steps.is_empty();
     if !has_tests {
         return Err(err("tests/test.sh is missing".into()));
     }
@@ -104,15 +109,19 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
                 .as_integer()
                 .and_then(|i| u64::try_from(i).ok())
                 .map(Some)
-                .ok_or_else(|| err(format!("task.toml: [environment].{new_key} must be a non-negative integer")));
+                .ok_or_else(|| {
+                    err(format!(
+                        "task.toml: [environment].{new_key} must be a non-negative integer"
+                    ))
+                });
         }
         match get("environment", legacy_key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .and_then(parse_size_mb)
-                .map(Some)
-                .ok_or_else(|| err(format!("task.toml: [environment].{legacy_key} must be a size like \"2G\""))),
+            Some(v) => v.as_str().and_then(parse_size_mb).map(Some).ok_or_else(|| {
+                err(format!(
+                    "task.toml: [environment].{legacy_key} must be a size like \"2G\""
+                ))
+            }),
         }
     };
     harbor.insert("memory_mb".into(), json!(mb("memory_mb", "memory")?));
@@ -142,7 +151,9 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
         dockerfile,
         context: env_dir.is_dir().then(|| env_dir.display().to_string()),
         image,
-        workdir: get("environment", "workdir").and_then(|v| v.as_str()).map(str::to_string),
+        workdir: get("environment", "workdir")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
         ..Environment::default()
     };
     task.grader = Some(Grader::Harbor {
@@ -166,7 +177,9 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
 /// `"2G"` → 2048, `"512M"` → 512, `"10GB"`/`"10Gi"` → 10240.
 pub fn parse_size_mb(s: &str) -> Option<u64> {
     let s = s.trim();
-    let digits = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let digits = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let n: f64 = s[..digits].parse().ok()?;
     let unit = s[digits..].trim().to_ascii_uppercase();
     let unit = unit.trim_end_matches('B').trim_end_matches('I');
@@ -246,7 +259,9 @@ mod fixture_tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/harbor").join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/harbor")
+            .join(name)
     }
 
     fn harbor_meta(t: &Task) -> &Map<String, Value> {
@@ -264,7 +279,10 @@ mod fixture_tests {
         assert_eq!(h["memory_mb"], json!(2048));
         assert_eq!(h["storage_mb"], json!(10240));
         assert_eq!(h["compose"], json!(false));
-        assert!(h["solution"].as_str().unwrap().ends_with("hello-world/solution/solve.sh"));
+        assert!(h["solution"]
+            .as_str()
+            .unwrap()
+            .ends_with("hello-world/solution/solve.sh"));
         assert_eq!(t.metadata["difficulty"], json!("easy"));
         assert_eq!(t.timeouts.agent_s, 120.0);
         assert!(t.environment.dockerfile.as_deref().unwrap().contains("FROM"));
@@ -281,7 +299,10 @@ mod fixture_tests {
         let mc = load(&fixture("multi-container")).unwrap();
         assert_eq!(harbor_meta(&mc)["compose"], json!(true));
         let ms = load(&fixture("multi-step")).unwrap();
-        assert_eq!(harbor_meta(&ms)["steps"], json!(["scaffold", "implement", "document"]));
+        assert_eq!(
+            harbor_meta(&ms)["steps"],
+            json!(["scaffold", "implement", "document"])
+        );
         assert_eq!(harbor_meta(&ms)["schema_version"], json!("1.1"));
         assert!(ms.instruction.starts_with("## Step scaffold"));
         assert_eq!(ms.environment.workdir.as_deref(), Some("/app"));
@@ -299,16 +320,25 @@ mod fixture_tests {
         .unwrap();
         std::fs::write(task.join("tests/test.sh"), "#!/bin/bash\n").unwrap();
         let err = load(&task).unwrap_err().to_string();
-        assert!(err.contains("caffe-cifar-10: cannot read task directory: instruction.md is missing"), "{err}");
+        assert!(
+            err.contains("caffe-cifar-10: cannot read task directory: instruction.md is missing"),
+            "{err}"
+        );
         std::fs::write(task.join("instruction.md"), "Train it.\n").unwrap();
         let t = load(&task).unwrap();
-        assert_eq!(t.environment.image.as_deref(), Some("alexgshaw/caffe-cifar-10:20260403"));
+        assert_eq!(
+            t.environment.image.as_deref(),
+            Some("alexgshaw/caffe-cifar-10:20260403")
+        );
         assert_eq!(harbor_meta(&t)["memory_mb"], json!(8192));
         assert_eq!(harbor_meta(&t)["name"], json!("terminal-bench/caffe-cifar-10"));
         assert_eq!(t.timeouts.eval_s, 1200.0);
         let dirs = task_dirs(dir.path()).unwrap();
         assert_eq!(dirs, vec![task.clone()]);
         let empty = tempfile::tempdir().unwrap();
-        assert!(task_dirs(empty.path()).unwrap_err().to_string().contains("no task.toml"));
+        assert!(task_dirs(empty.path())
+            .unwrap_err()
+            .to_string()
+            .contains("no task.toml"));
     }
 }

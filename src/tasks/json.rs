@@ -12,7 +12,7 @@ pub fn unescape_into(raw: &str, out: &mut String) -> Result<(), String> {
         .and_then(|r| r.strip_suffix('"'))
         .ok_or_else(|| format!("expected a string, found {}", kind_of(raw)))?;
     let mut rest = inner;
-    while let Some(i) = rest.find('\\') {
+    while let Some(i) = memchr::memchr(b'\\', rest.as_bytes()) {
         out.push_str(&rest[..i]);
         let esc = rest.as_bytes().get(i + 1).copied().ok_or("dangling escape")?;
         rest = &rest[i + 2..];
@@ -72,7 +72,8 @@ pub fn kind_of(raw: &str) -> &'static str {
 pub fn string_list(raw: &RawValue) -> Result<Vec<String>, String> {
     let text = raw.get();
     match text.as_bytes().first() {
-        Some(b'[') => serde_json::from_str::<Vec<String>>(text).map_err(|e| format!("expected an array of strings: {e}")),
+        Some(b'[') => serde_json::from_str::<Vec<String>>(text)
+            .map_err(|e| format!("expected an array of strings: {e}")),
         Some(b'"') => {
             let inner: String = serde_json::from_str(text).map_err(|e| e.to_string())?;
             if inner.trim().is_empty() {
@@ -118,7 +119,10 @@ mod tests {
         assert_eq!(buf, "😀é");
         unescape_into(r#""\ud83d x""#, &mut buf).unwrap();
         assert_eq!(buf, "\u{FFFD} x");
-        assert_eq!(unescape_into("12", &mut buf).unwrap_err(), "expected a string, found a number");
+        assert_eq!(
+            unescape_into("12", &mut buf).unwrap_err(),
+            "expected a string, found a number"
+        );
     }
 
     #[test]

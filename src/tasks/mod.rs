@@ -12,6 +12,7 @@
 //! record it drops: [`view`] borrows the raw JSON fields and computes the few facts the stages need
 //! ([`facts::Facts`]); only kept records are converted. [`filter`] holds the stages and the funnel.
 
+pub mod chunks;
 pub mod facts;
 pub mod filter;
 pub mod harbor;

@@ -33,7 +33,12 @@ pub fn stats(patch: &str) -> PatchStats {
     let mut langs: [u32; LANGS.len()] = [0; LANGS.len()];
     let (mut old_left, mut new_left) = (0u32, 0u32);
     let mut pending_git_file = false;
-    for line in patch.split('\n') {
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', patch.as_bytes()).chain(std::iter::once(patch.len()));
+    for end in ends {
+        // Cutting at b'\n' keeps char boundaries: the newline byte is never inside a UTF-8 sequence.
+        let line = &patch[start..end];
+        start = (end + 1).min(patch.len());
         if old_left > 0 || new_left > 0 {
             match line.as_bytes().first() {
                 Some(b'+') => {
@@ -145,17 +150,29 @@ const LANGS: [(&str, &[&str]); 10] = [
 pub fn is_test_path(path: &str) -> bool {
     let mut parts = path.rsplit('/');
     let file = parts.next().unwrap_or(path);
-    const TEST_DIRS: [&str; 8] = ["test", "tests", "testing", "e2e", "__tests__", "spec", "specs", "unittests"];
+    const TEST_DIRS: [&str; 8] = [
+        "test",
+        "tests",
+        "testing",
+        "e2e",
+        "__tests__",
+        "spec",
+        "specs",
+        "unittests",
+    ];
     if parts.any(|dir| TEST_DIRS.iter().any(|t| dir.eq_ignore_ascii_case(t))) {
         return true;
     }
     let stem = file.split('.').next().unwrap_or(file);
-    let starts = |p: &str| stem.len() >= p.len() && stem.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes());
+    let starts =
+        |p: &str| stem.len() >= p.len() && stem.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes());
     let ends = |p: &str| {
         stem.len() >= p.len() && stem.as_bytes()[stem.len() - p.len()..].eq_ignore_ascii_case(p.as_bytes())
     };
     starts("test_")
-        || ["test", "tests", "conftest"].iter().any(|n| stem.eq_ignore_ascii_case(n))
+        || ["test", "tests", "conftest"]
+            .iter()
+            .any(|n| stem.eq_ignore_ascii_case(n))
         || ends("_test")
         || ends("_tests")
         || ends("_spec")
@@ -202,7 +219,12 @@ mod tests {
         ] {
             assert!(is_test_path(p), "{p}");
         }
-        for p in ["django/contrib/admin/widgets.py", "src/testify.py", "docs/testing.rst", "attest/x.py"] {
+        for p in [
+            "django/contrib/admin/widgets.py",
+            "src/testify.py",
+            "docs/testing.rst",
+            "attest/x.py",
+        ] {
             assert!(!is_test_path(p), "{p}");
         }
     }

@@ -143,6 +143,11 @@ impl RecordLines {
         Ok(me)
     }
 
+    /// Whether the file is a JSON array (read whole) rather than JSON Lines.
+    pub fn is_array(&self) -> bool {
+        self.array.is_some()
+    }
+
     /// The next (record number, text).
     pub fn next_record(&mut self) -> Result<Option<(u64, String)>, TaskError> {
         if let Some(arr) = &mut self.array {

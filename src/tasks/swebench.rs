@@ -49,7 +49,10 @@ pub fn from_map(path: &Path, line: u64, mut map: Map<String, Value>) -> Result<T
         match map.shift_remove(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(bad(field, format!("expected a string, found {}", type_name(&other)))),
+            Some(other) => Err(bad(
+                field,
+                format!("expected a string, found {}", type_name(&other)),
+            )),
         }
     };
     let id = take_str(&mut map, "instance_id")?.ok_or_else(|| TaskError::MissingField {
@@ -125,7 +128,16 @@ mod tests {
         assert_eq!(t.fail_to_pass, vec!["a", "b"]);
         assert_eq!(t.pass_to_pass, vec!["c"]);
         let keys: Vec<&str> = t.metadata.keys().map(String::as_str).collect();
-        assert_eq!(keys, ["hints_text", "created_at", "version", "environment_setup_commit", "query"]);
+        assert_eq!(
+            keys,
+            [
+                "hints_text",
+                "created_at",
+                "version",
+                "environment_setup_commit",
+                "query"
+            ]
+        );
         assert_eq!(t.metadata["version"], Value::String("0.20".into()));
         let num = to_task(Path::new("x"), 1, r#"{"instance_id":"a__b-1","version":4.2}"#).unwrap();
         assert_eq!(num.metadata["version"], Value::String("4.2".into()));

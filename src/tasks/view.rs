@@ -195,7 +195,9 @@ pub fn swebench_facts(path: &Path, line: u64, v: &Fields<'_>) -> Result<Facts, T
         return Err(bad("instance_id", "is empty".into()));
     }
     let opt_str = |field: &str| -> Result<Option<String>, TaskError> {
-        v.get(field).map(|r| scalar_string(r).map_err(|m| bad(field, m))).transpose()
+        v.get(field)
+            .map(|r| scalar_string(r).map_err(|m| bad(field, m)))
+            .transpose()
     };
     let mut f = Facts {
         id,
@@ -217,7 +219,10 @@ pub fn swebench_facts(path: &Path, line: u64, v: &Fields<'_>) -> Result<Facts, T
     }
     BUF.with(|buf| -> Result<(), TaskError> {
         let mut buf = buf.borrow_mut();
-        for (field, slot) in [("FAIL_TO_PASS", &mut f.fail_to_pass), ("PASS_TO_PASS", &mut f.pass_to_pass)] {
+        for (field, slot) in [
+            ("FAIL_TO_PASS", &mut f.fail_to_pass),
+            ("PASS_TO_PASS", &mut f.pass_to_pass),
+        ] {
             if let Some(r) = v.get(field) {
                 *slot = Some(list_count(r, &mut buf).map_err(|m| bad(field, m))?.0);
             }
@@ -294,7 +299,8 @@ pub fn render_swebench(v: &Fields<'_>, out: &mut Vec<u8>) -> Result<(), String> 
     if let Some(repo) = v.get("repo") {
         let repo = scalar_string(repo)?;
         out.extend_from_slice(br#""repo_source":{"kind":"git","url":"#);
-        serde_json::to_writer(&mut *out, &format!("https://github.com/{repo}.git")).map_err(|e| e.to_string())?;
+        serde_json::to_writer(&mut *out, &format!("https://github.com/{repo}.git"))
+            .map_err(|e| e.to_string())?;
         out.extend_from_slice(b"},");
     }
     out.extend_from_slice(br#""workdir":"/testbed"},"timeouts":"#);
@@ -350,10 +356,17 @@ mod tests {
         );
         let bad = r#"{"instance_id":"o__r-1","PASS_TO_PASS":["a",3]}"#;
         let err = swebench_facts(p, 7, &parse_fields(p, 7, bad).unwrap()).unwrap_err();
-        assert!(err.to_string().contains("field `PASS_TO_PASS`: expected an array of strings"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("field `PASS_TO_PASS`: expected an array of strings"),
+            "{err}"
+        );
         let missing = r#"{"repo":"o/r"}"#;
         let err = swebench_facts(p, 2, &parse_fields(p, 2, missing).unwrap()).unwrap_err();
-        assert_eq!(err.to_string(), "pool.jsonl: record 2: missing required field `instance_id`");
+        assert_eq!(
+            err.to_string(),
+            "pool.jsonl: record 2: missing required field `instance_id`"
+        );
         assert!(parse_fields(p, 1, "not json").is_err());
         assert!(parse_fields(p, 1, "[1,2]").is_err());
     }

@@ -102,7 +102,14 @@ impl Funnel {
         let mut w = csv::Writer::from_writer(Vec::new());
         w.write_record(["stage", "in", "out", "dropped", "reason", "count"])?;
         for (stage, i, o, d, reason, n) in self.rows() {
-            w.write_record([stage, &i.to_string(), &o.to_string(), &d.to_string(), &reason, &n.to_string()])?;
+            w.write_record([
+                stage,
+                &i.to_string(),
+                &o.to_string(),
+                &d.to_string(),
+                &reason,
+                &n.to_string(),
+            ])?;
         }
         w.into_inner().map_err(|e| csv::Error::from(e.into_error()))
     }
@@ -114,8 +121,19 @@ impl Funnel {
             .rows()
             .into_iter()
             .map(|(s, i, o, d, r, n)| {
-                let count = if r.is_empty() { String::new() } else { n.to_string() };
-                [s.to_string(), i.to_string(), o.to_string(), d.to_string(), r, count]
+                let count = if r.is_empty() {
+                    String::new()
+                } else {
+                    n.to_string()
+                };
+                [
+                    s.to_string(),
+                    i.to_string(),
+                    o.to_string(),
+                    d.to_string(),
+                    r,
+                    count,
+                ]
             })
             .collect();
         let mut width = header.map(str::len);

@@ -12,11 +12,11 @@ use serde_json::{json, Map, Value};
 use super::funnel::{Funnel, Stage};
 use super::trials::Incomplete;
 use super::{validity, Drop, FilterError, Settings};
-use crate::io::{AtomicWriter, Compression};
+use crate::io::{is_stdio, AtomicWriter, Compression};
 use crate::records::{Record, TaskDecision};
 use crate::tasks::facts::content_hash;
 use crate::tasks::source::{classify, parse_record, render, InputKind, Parsed, RecordLines};
-use crate::tasks::{harbor, TaskError};
+use crate::tasks::{chunks, harbor, TaskError};
 
 const BATCH_RECORDS: usize = 4096;
 const BATCH_BYTES: usize = 32 << 20;
@@ -102,47 +102,82 @@ fn evaluate(
     }))
 }
 
-/// Reads record files on a thread, in batches.
-fn spawn_reader(paths: Vec<PathBuf>) -> Receiver<Batch> {
+/// Reads a small record file (stdin, a JSON array) on a thread, in batches of records.
+fn spawn_batches(path: PathBuf, mut lines: RecordLines) -> Receiver<Batch> {
     let (tx, rx) = sync_channel::<Batch>(2);
-    std::thread::spawn(move || {
-        for path in paths {
-            let mut lines = match RecordLines::open(&path) {
-                Ok(l) => l,
+    std::thread::spawn(move || loop {
+        let mut batch = Vec::with_capacity(BATCH_RECORDS);
+        let mut bytes = 0;
+        let mut err = None;
+        let mut eof = false;
+        while batch.len() < BATCH_RECORDS && bytes < BATCH_BYTES {
+            match lines.next_record() {
+                Ok(Some((n, t))) => {
+                    bytes += t.len();
+                    batch.push((n, t));
+                }
+                Ok(None) => {
+                    eof = true;
+                    break;
+                }
                 Err(e) => {
-                    let _ = tx.send((path, Vec::new(), Some(e)));
-                    continue;
-                }
-            };
-            loop {
-                let mut batch = Vec::with_capacity(BATCH_RECORDS);
-                let mut bytes = 0;
-                let mut err = None;
-                let mut eof = false;
-                while batch.len() < BATCH_RECORDS && bytes < BATCH_BYTES {
-                    match lines.next_record() {
-                        Ok(Some((n, t))) => {
-                            bytes += t.len();
-                            batch.push((n, t));
-                        }
-                        Ok(None) => {
-                            eof = true;
-                            break;
-                        }
-                        Err(e) => {
-                            err = Some(e);
-                            break;
-                        }
-                    }
-                }
-                let stop = eof || err.is_some();
-                if tx.send((path.clone(), batch, err)).is_err() || stop {
+                    err = Some(e);
                     break;
                 }
             }
         }
+        let stop = eof || err.is_some();
+        if tx.send((path.clone(), batch, err)).is_err() || stop {
+            break;
+        }
     });
     rx
+}
+
+/// Evaluates one chunk of whole lines in parallel; returns the evaluations in order and the
+/// number of lines the chunk held. Line numbers continue from `base`.
+fn evaluate_chunk(s: &Settings, want: bool, path: &Path, data: &[u8], base: u64) -> (Vec<Eval>, u64) {
+    let parts = chunks::parts(data, rayon::current_num_threads() * 4);
+    let counts: Vec<u64> = parts.par_iter().map(|p| chunks::count_lines(p)).collect();
+    let mut bases = Vec::with_capacity(parts.len());
+    let mut n = base;
+    for c in &counts {
+        bases.push(n);
+        n += c;
+    }
+    let evals: Vec<Vec<Eval>> = parts
+        .par_iter()
+        .zip(bases)
+        .map(|(part, base)| {
+            let mut out = Vec::new();
+            let mut start = 0;
+            let ends =
+                memchr::memchr_iter(b'\n', part).chain((part.last() != Some(&b'\n')).then_some(part.len()));
+            for (i, end) in ends.enumerate() {
+                let raw = &part[start..end];
+                start = end + 1;
+                let line = base + i as u64 + 1;
+                match std::str::from_utf8(raw) {
+                    Err(e) => out.push(Eval::Bad(TaskError::Io(crate::io::IoError::BadRecord {
+                        path: path.to_path_buf(),
+                        line,
+                        msg: format!("not UTF-8: {e}"),
+                    }))),
+                    Ok(text) if text.trim().is_empty() => {}
+                    Ok(text) => out.push(evaluate(
+                        s,
+                        want,
+                        path,
+                        line,
+                        Some(text),
+                        parse_record(path, line, text),
+                    )),
+                }
+            }
+            out
+        })
+        .collect();
+    (evals.into_iter().flatten().collect(), n - base)
 }
 
 /// The sequential, order-preserving part of a run.
@@ -163,7 +198,14 @@ struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    fn decide(&mut self, task_id: &str, kept: bool, stage: Stage, drop: Option<Drop>, evidence: Value) -> Result<(), FilterError> {
+    fn decide(
+        &mut self,
+        task_id: &str,
+        kept: bool,
+        stage: Stage,
+        drop: Option<Drop>,
+        evidence: Value,
+    ) -> Result<(), FilterError> {
         let Some(w) = &mut self.decisions else {
             return Ok(());
         };
@@ -221,12 +263,18 @@ impl Sink<'_> {
             if st == Stage::Rules && dropped.is_none() {
                 dropped = self.duplicate(&ev, want);
             }
-            if st == Stage::Difficulty && self.s.difficulty.as_ref().is_some_and(|d| d.incomplete == Incomplete::Fail) {
-                if dropped.as_ref().is_some_and(|d| d.reason.starts_with("trials_")) {
-                    self.incomplete_count += 1;
-                    if self.incomplete.len() < 5 {
-                        self.incomplete.push(ev.id.clone());
-                    }
+            let fail_incomplete = self
+                .s
+                .difficulty
+                .as_ref()
+                .is_some_and(|d| d.incomplete == Incomplete::Fail);
+            if st == Stage::Difficulty
+                && fail_incomplete
+                && dropped.as_ref().is_some_and(|d| d.reason.starts_with("trials_"))
+            {
+                self.incomplete_count += 1;
+                if self.incomplete.len() < 5 {
+                    self.incomplete.push(ev.id.clone());
                 }
             }
             if let Some(d) = dropped {
@@ -274,7 +322,8 @@ impl Sink<'_> {
                 evidence: json!({"duplicate_of": first.as_deref(), "detail": "same repo, base_commit and patch"}),
             }),
             None => {
-                self.keys.insert(key, want.then(|| ev.id.clone().into_boxed_str()));
+                self.keys
+                    .insert(key, want.then(|| ev.id.clone().into_boxed_str()));
                 None
             }
         }
@@ -291,7 +340,11 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
         s,
         funnel: Funnel::new(&stages),
         stages,
-        out: if s.dry_run { None } else { Some(AtomicWriter::create(&s.output)?) },
+        out: if s.dry_run {
+            None
+        } else {
+            Some(AtomicWriter::create(&s.output)?)
+        },
         decisions: s.decisions.as_deref().map(AtomicWriter::create).transpose()?,
         ids: HashSet::new(),
         keys: HashMap::new(),
@@ -320,11 +373,43 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                 }
             }
             Ok(InputKind::Records(path)) => {
-                let rx = spawn_reader(vec![path]);
+                let lines = match RecordLines::open(&path) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        sink.bad(e)?;
+                        continue;
+                    }
+                };
+                if !is_stdio(&path) && !lines.is_array() {
+                    drop(lines);
+                    let rx = match chunks::spawn(path.clone()) {
+                        Ok(rx) => rx,
+                        Err(e) => {
+                            sink.bad(e.into())?;
+                            continue;
+                        }
+                    };
+                    let mut line = 0;
+                    for chunk in rx {
+                        let (evals, n) = evaluate_chunk(s, want, &path, &chunk.data, line);
+                        line += n;
+                        progress.inc(evals.len() as u64);
+                        for ev in evals {
+                            sink.take(ev)?;
+                        }
+                        if let Some(end) = chunk.end {
+                            sink.bad(TaskError::Io(end.into_error(&path, line)))?;
+                        }
+                    }
+                    continue;
+                }
+                let rx = spawn_batches(path.clone(), lines);
                 for (path, batch, err) in rx {
                     let evals: Vec<Eval> = batch
                         .par_iter()
-                        .map(|(n, text)| evaluate(s, want, &path, *n, Some(text), parse_record(&path, *n, text)))
+                        .map(|(n, text)| {
+                            evaluate(s, want, &path, *n, Some(text), parse_record(&path, *n, text))
+                        })
                         .collect();
                     progress.inc(evals.len() as u64);
                     for ev in evals {

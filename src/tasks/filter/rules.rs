@@ -54,7 +54,9 @@ fn is_repo_name(r: &str) -> bool {
     let mut parts = r.split('/');
     let ok = |p: Option<&str>| {
         p.is_some_and(|p| {
-            !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         })
     };
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
@@ -97,7 +99,10 @@ fn allow_list(what: &str, allowed: &[String], value: Option<&str>) -> Result<(),
     match value {
         None => Err(drop(&format!("{what}_unknown"), json!({"allowed": allowed}))),
         Some(v) if allowed.iter().any(|a| a == v) => Ok(()),
-        Some(v) => Err(drop(&format!("{what}_not_allowed"), json!({what: v, "allowed": allowed}))),
+        Some(v) => Err(drop(
+            &format!("{what}_not_allowed"),
+            json!({what: v, "allowed": allowed}),
+        )),
     }
 }
 
@@ -112,7 +117,10 @@ fn check_patch_task(s: &RuleSettings, f: &Facts) -> Result<(), Drop> {
         Some(c) if !is_commit(c) => return Err(drop("malformed:base_commit", json!({"base_commit": c}))),
         _ => {}
     }
-    let patch = f.patch.as_ref().ok_or_else(|| drop("missing_field:patch", json!({})))?;
+    let patch = f
+        .patch
+        .as_ref()
+        .ok_or_else(|| drop("missing_field:patch", json!({})))?;
     if patch.files == 0 {
         return Err(drop("malformed:patch", json!({"detail": "no file headers"})));
     }
@@ -188,7 +196,9 @@ mod tests {
             ..Facts::default()
         };
         f.set_gold_patch("diff --git a/m.py b/m.py\n@@ -1 +1 @@\n-a\n+b\n");
-        f.test_patch = Some(patch::stats("diff --git a/tests/t.py b/tests/t.py\n@@ -1 +1 @@\n-a\n+b\n"));
+        f.test_patch = Some(patch::stats(
+            "diff --git a/tests/t.py b/tests/t.py\n@@ -1 +1 @@\n-a\n+b\n",
+        ));
         f
     }
 
@@ -210,7 +220,9 @@ mod tests {
         f.fail_to_pass = Some(0);
         assert_eq!(reason(&s, &f), "empty:FAIL_TO_PASS");
         let mut f = facts();
-        f.test_patch = Some(patch::stats("diff --git a/setup.py b/setup.py\n@@ -1 +1 @@\n-a\n+b\n"));
+        f.test_patch = Some(patch::stats(
+            "diff --git a/setup.py b/setup.py\n@@ -1 +1 @@\n-a\n+b\n",
+        ));
         assert_eq!(reason(&s, &f), "test_patch_touches_non_test_file");
         let mut f = facts();
         f.set_gold_patch("diff --git a/tests/x.py b/tests/x.py\n@@ -1 +1 @@\n-a\n+b\n");

@@ -10,8 +10,8 @@
 //!   whose last N groups (by policy version, then group id) were each all-solved (or each
 //!   all-failed) has zero reward variance under the current policy and is dropped.
 
-use std::collections::{BTreeMap, HashMap};
 use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
 
 use super::Drop;
 use crate::io::{open_records, ReadOptions};
@@ -64,7 +64,7 @@ fn load(paths: &[std::path::PathBuf], threshold: f64) -> Result<Trials, TrialsEr
         }
     }
     for v in by_task.values_mut() {
-        v.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        v.sort_by_key(|a| (a.0, a.1, a.2));
     }
     Ok(by_task)
 }
@@ -165,14 +165,22 @@ impl Difficulty {
             };
         }
         if c.solved < self.min_solved {
-            let reason = if c.solved == 0 { "never_solved" } else { "below_band" };
+            let reason = if c.solved == 0 {
+                "never_solved"
+            } else {
+                "below_band"
+            };
             return Err(Drop {
                 reason: reason.into(),
                 evidence,
             });
         }
         if c.solved > self.max_solved {
-            let reason = if c.solved == k { "always_solved" } else { "above_band" };
+            let reason = if c.solved == k {
+                "always_solved"
+            } else {
+                "above_band"
+            };
             return Err(Drop {
                 reason: reason.into(),
                 evidence,
@@ -194,7 +202,11 @@ pub struct Saturation {
 
 impl Saturation {
     /// Loads training trajectories and groups them per task.
-    pub fn load(paths: &[std::path::PathBuf], last_groups: u32, threshold: f64) -> Result<Saturation, TrialsError> {
+    pub fn load(
+        paths: &[std::path::PathBuf],
+        last_groups: u32,
+        threshold: f64,
+    ) -> Result<Saturation, TrialsError> {
         let trials = load(paths, threshold)?;
         let groups = trials
             .into_iter()

@@ -25,7 +25,10 @@ pub struct ValiditySettings {
 pub enum ValidityVerdict {
     Valid,
     /// e.g. `passes_without_fix`, `gold_does_not_resolve`, `flaky:<test>`, `no_image`.
-    Invalid { reason: String, evidence: serde_json::Value },
+    Invalid {
+        reason: String,
+        evidence: serde_json::Value,
+    },
 }
 
 /// What runs the checks: implemented by the sandbox side.
