@@ -24,14 +24,20 @@ now() { date +%s.%N; }
 cat "$POOL" > /dev/null
 
 IDS_ARGS=(--exclude-instances "$IDS" --exclude-repos-of "$IDS")
-cpu() { /usr/bin/time -f '%U %S' -o "$WORK/cpu.txt" "$@"; awk '{print $1 + $2}' "$WORK/cpu.txt"; }
+# timed OUT CMD...: runs CMD with stdout to OUT, prints its CPU seconds (user + system).
+timed() {
+    local out=$1
+    shift
+    /usr/bin/time -f '%U %S' -o "$WORK/cpu.txt" "$@" > "$out"
+    awk '{print $1 + $2}' "$WORK/cpu.txt"
+}
 
-t0=$(now); raw_cpu=$(cpu sh -c "zstd -dc '$POOL' > /dev/null"); t1=$(now)
+t0=$(now); raw_cpu=$(timed /dev/null zstd -dc "$POOL"); t1=$(now)
 # The goal: rules + decontamination, funnel only (--dry-run writes no kept tasks).
-dry_cpu=$(cpu "$BIN" -q filter-tasks -i "$POOL" --dry-run "${IDS_ARGS[@]}" --funnel "$WORK/funnel.csv" > "$WORK/table.txt")
+dry_cpu=$(timed "$WORK/table.txt" "$BIN" -q filter-tasks -i "$POOL" --dry-run "${IDS_ARGS[@]}" --funnel "$WORK/funnel.csv")
 t2=$(now)
 # For reference: the same run writing the kept tasks (zstd level 3, the io layer's default).
-full_cpu=$(cpu "$BIN" -q filter-tasks -i "$POOL" -o "$WORK/kept.jsonl.zst" "${IDS_ARGS[@]}" > /dev/null)
+full_cpu=$(timed /dev/null "$BIN" -q filter-tasks -i "$POOL" -o "$WORK/kept.jsonl.zst" "${IDS_ARGS[@]}")
 t3=$(now)
 
 bytes=$(stat -c %s "$POOL")

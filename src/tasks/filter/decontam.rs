@@ -105,8 +105,11 @@ impl Decontamination {
             }
         }
         if let Some(set) = &self.repos {
-            let repo = f.repo.clone().or_else(|| repo_of_instance_id(&f.id));
-            if let Some(r) = repo.filter(|r| set.repos.contains(r)) {
+            let hit = match f.repo.as_deref() {
+                Some(r) => set.repos.contains(r).then(|| r.to_string()),
+                None => repo_of_instance_id(&f.id).filter(|r| set.repos.contains(r)),
+            };
+            if let Some(r) = hit {
                 return Err(Drop {
                     reason: "eval_repo".into(),
                     evidence: json!({"repo": r}),
