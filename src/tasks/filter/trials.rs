@@ -5,17 +5,20 @@
 //!   (`infra_failure`, an `infra:*` termination or no reward) do not count; a task with fewer
 //!   than k counted trials is *incomplete* and handled by `--incomplete-trials` (drop, keep or
 //!   fail), always with its own funnel reason, never silently. With more than k counted trials
-//!   the first k by (group, sample index) are used.
+//!   the first k by (policy version, group, sample index) are used.
 //! - **online re-filtering** (`--drop-saturated FILE`): recent training trajectories; a task
 //!   whose last N groups (by policy version, then group id) were each all-solved (or each
 //!   all-failed) has zero reward variance under the current policy and is dropped.
 
-use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::json;
 
 use super::Drop;
-use crate::io::{open_records, ReadOptions};
-use crate::records::Trajectory;
+use crate::io::{open_lines, TornTail};
+use crate::records::{check_schema, Termination, Trajectory};
 
 /// A trial counts as solved when its reward is at least this (0/1 rewards; Harbor floats).
 pub const DEFAULT_SOLVED_THRESHOLD: f64 = 1.0;
@@ -25,6 +28,8 @@ pub const DEFAULT_SOLVED_THRESHOLD: f64 = 1.0;
 pub enum TrialsError {
     #[error(transparent)]
     Read(#[from] crate::io::IoError),
+    #[error("{path}: record {line}: not a trajectory record: {msg}")]
+    BadRecord { path: PathBuf, line: u64, msg: String },
 }
 
 /// One trial outcome, as the stages see it.
@@ -35,7 +40,21 @@ enum Outcome {
     Infra,
 }
 
-fn outcome(t: &Trajectory, threshold: f64) -> Outcome {
+/// The fields of a `Trajectory` these stages read; the rest (generations, token ids, logs) is
+/// skipped by the parser without being decoded, which keeps large rollout files cheap to read.
+#[derive(Deserialize)]
+struct TrialView {
+    schema: String,
+    task_id: String,
+    group_id: u64,
+    sample_index: u32,
+    policy_version: u64,
+    termination: Termination,
+    infra_failure: bool,
+    reward: Option<f64>,
+}
+
+fn outcome(t: &TrialView, threshold: f64) -> Outcome {
     match t.reward {
         _ if t.infra_failure || t.termination.is_infra() => Outcome::Infra,
         None => Outcome::Infra,
@@ -47,15 +66,18 @@ fn outcome(t: &Trajectory, threshold: f64) -> Outcome {
 /// Trials of each task: (policy version, group, sample index, outcome), sorted.
 type Trials = HashMap<String, Vec<(u64, u64, u32, Outcome)>>;
 
-fn load(paths: &[std::path::PathBuf], threshold: f64) -> Result<Trials, TrialsError> {
+fn load(paths: &[PathBuf], threshold: f64) -> Result<Trials, TrialsError> {
     let mut by_task: Trials = HashMap::new();
     for path in paths {
-        let opts = ReadOptions {
-            strict: true,
-            ..ReadOptions::default()
-        };
-        for t in open_records::<Trajectory>(path, opts)? {
-            let t = t?;
+        let mut lines = open_lines(path, TornTail::Error)?;
+        while let Some((line, text)) = lines.next_line()? {
+            let bad = |msg: String| TrialsError::BadRecord {
+                path: path.clone(),
+                line,
+                msg,
+            };
+            let t: TrialView = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            check_schema::<Trajectory>(&t.schema).map_err(|e| bad(e.to_string()))?;
             let o = outcome(&t, threshold);
             by_task
                 .entry(t.task_id)
@@ -101,7 +123,7 @@ pub struct Difficulty {
 impl Difficulty {
     /// Loads the trial files and summarises them per task.
     pub fn load(
-        paths: &[std::path::PathBuf],
+        paths: &[PathBuf],
         min_solved: u32,
         max_solved: u32,
         trials_per_task: u32,
@@ -202,11 +224,7 @@ pub struct Saturation {
 
 impl Saturation {
     /// Loads training trajectories and groups them per task.
-    pub fn load(
-        paths: &[std::path::PathBuf],
-        last_groups: u32,
-        threshold: f64,
-    ) -> Result<Saturation, TrialsError> {
+    pub fn load(paths: &[PathBuf], last_groups: u32, threshold: f64) -> Result<Saturation, TrialsError> {
         let trials = load(paths, threshold)?;
         let groups = trials
             .into_iter()

@@ -152,6 +152,17 @@ fn difficulty_band_from_known_pass_counts() {
     );
     assert_eq!(dec[1]["reason"], "below_band");
 
+    // A file of the wrong kind given as --trials is named with its first record.
+    let (code, _, stderr) = filter(
+        std::slice::from_ref(&tasks),
+        &["-o", out.to_str().unwrap(), "--trials", tasks.to_str().unwrap()],
+    );
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains(&format!("{}: record 1: not a trajectory record", tasks.display())),
+        "{stderr}"
+    );
+
     // --incomplete-trials fail stops with the list and writes nothing.
     std::fs::remove_file(&out).unwrap();
     let (code, _, stderr) = run(&["--incomplete-trials", "fail"]);
