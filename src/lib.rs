@@ -11,5 +11,6 @@ pub mod env;
 pub mod harness;
 pub mod io;
 pub mod records;
+pub mod tasks;
 pub mod ui;
 pub mod validate;

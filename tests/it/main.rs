@@ -3,4 +3,5 @@
 mod cli;
 mod common;
 mod docs;
+mod filter_tasks;
 mod io;
