@@ -7,7 +7,9 @@
 pub mod cli;
 pub mod cmd;
 pub mod env;
+pub mod grade;
 pub mod io;
 pub mod records;
+pub mod sandbox;
 pub mod ui;
 pub mod validate;
