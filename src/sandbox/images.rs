@@ -132,8 +132,12 @@ async fn plan(engine: &Engine, task: &Task, s: &BuildSettings, base_id: &Option<
     Ok(Plan::Swe { env_tag, env_dockerfile, bundle: resolve(&s.task_root, path) })
 }
 
+fn log_path(tag: &str, s: &BuildSettings) -> PathBuf {
+    s.log_dir.join(format!("{}.log", slug(&tag.replace(':', "_"))))
+}
+
 async fn build_logged(engine: &Engine, tag: &str, context: Vec<u8>, s: &BuildSettings, run_id: &str) -> Result<(String, bool, PathBuf), SandboxError> {
-    let log_path = s.log_dir.join(format!("{}.log", slug(&tag.replace(':', "_"))));
+    let log_path = log_path(tag, s);
     if let Some(id) = engine.image_id(tag).await? {
         return Ok((id, true, log_path));
     }
@@ -197,6 +201,7 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                         Ok((image, id, true, None))
                     }
                     Plan::Dockerfile { tag, context } => {
+                        rec.log_path = Some(log_path(&tag, s).display().to_string());
                         let (id, hit, log) = build_logged(engine, &tag, context, s, run_id).await.map_err(|e| e.to_string())?;
                         Ok((tag, id, hit, Some(log)))
                     }
@@ -214,6 +219,7 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                         h.update(dockerfile.as_bytes());
                         h.update(&bytes);
                         let tag = format!("lego-rl/task-{}:{}", slug(&task.id), short_hash(h));
+                        rec.log_path = Some(log_path(&tag, s).display().to_string());
                         let mut tar = TarBuilder::new();
                         tar.file("Dockerfile", dockerfile.as_bytes(), 0o644).file("repo.bundle", &bytes, 0o644);
                         let (id, hit, log) = build_logged(engine, &tag, tar.finish(), s, run_id).await.map_err(|e| e.to_string())?;
@@ -228,7 +234,7 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                     rec.image = tag;
                     rec.image_id = Some(id);
                     rec.cache_hit = hit;
-                    rec.log_path = log.map(|l| l.display().to_string());
+                    rec.log_path = log.map(|l| l.display().to_string()).or(rec.log_path.take());
                 }
                 Err(e) => rec.error = Some(e),
             }
