@@ -50,11 +50,19 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
         .map(Path::to_path_buf)
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or_else(|| PathBuf::from("."));
-    let log_dir = args.log_dir.clone().unwrap_or_else(|| match args.output.to_str() {
-        Some("-") | None => PathBuf::from("build-logs"),
-        Some(_) => args.output.parent().unwrap_or(Path::new(".")).join("build-logs"),
-    });
-    let settings = BuildSettings { base_image: args.base_image.clone(), jobs: args.jobs.max(1), log_dir, task_root };
+    let log_dir = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| match args.output.to_str() {
+            Some("-") | None => PathBuf::from("build-logs"),
+            Some(_) => args.output.parent().unwrap_or(Path::new(".")).join("build-logs"),
+        });
+    let settings = BuildSettings {
+        base_image: args.base_image.clone(),
+        jobs: args.jobs.max(1),
+        log_dir,
+        task_root,
+    };
     let bar = crate::ui::bar(crate::ui::progress_enabled(global), tasks.len() as u64, "images");
     let run_id = format!("build-{}", uuid::Uuid::new_v4().simple());
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -65,22 +73,39 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
             if let Some(e) = &r.error {
                 tracing::error!("{}: {e}", r.task_id);
             } else {
-                tracing::info!("{}: {} ({}, {:.1}s)", r.task_id, r.image, if r.cache_hit { "cached" } else { "built" }, r.seconds);
+                tracing::info!(
+                    "{}: {} ({}, {:.1}s)",
+                    r.task_id,
+                    r.image,
+                    if r.cache_hit { "cached" } else { "built" },
+                    r.seconds
+                );
             }
         })
         .await
     })?;
     bar.finish_and_clear();
-    let mut out = AtomicWriter::create(&args.output).with_context(|| format!("writing {}", args.output.display()))?;
+    let mut out =
+        AtomicWriter::create(&args.output).with_context(|| format!("writing {}", args.output.display()))?;
     for r in &records {
         out.write(r)?;
     }
     out.finish()?;
     let failed: Vec<&ImageRecord> = records.iter().filter(|r| r.error.is_some()).collect();
     let hits = records.iter().filter(|r| r.cache_hit).count();
-    eprintln!("build-images: {} tasks, {} built, {} cached, {} failed", records.len(), records.len() - hits - failed.len(), hits, failed.len());
+    eprintln!(
+        "build-images: {} tasks, {} built, {} cached, {} failed",
+        records.len(),
+        records.len() - hits - failed.len(),
+        hits,
+        failed.len()
+    );
     for r in &failed {
         eprintln!("  failed: {}: {}", r.task_id, r.error.as_deref().unwrap_or(""));
     }
-    Ok(if failed.is_empty() { Outcome::Ok } else { Outcome::Failures })
+    Ok(if failed.is_empty() {
+        Outcome::Ok
+    } else {
+        Outcome::Failures
+    })
 }

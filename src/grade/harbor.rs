@@ -21,7 +21,10 @@ fn finite(v: f64, file: &'static str) -> Result<f64, GradeError> {
     if v.is_finite() {
         Ok(v)
     } else {
-        Err(GradeError::BadReward { file, message: format!("non-finite reward {v}") })
+        Err(GradeError::BadReward {
+            file,
+            message: format!("non-finite reward {v}"),
+        })
     }
 }
 
@@ -29,38 +32,59 @@ fn finite(v: f64, file: &'static str) -> Result<f64, GradeError> {
 pub fn parse_reward(json: Option<&str>, txt: Option<&str>) -> Result<HarborReward, GradeError> {
     if let Some(text) = json {
         let file = "reward.json";
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| GradeError::BadReward { file, message: e.to_string() })?;
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| GradeError::BadReward {
+            file,
+            message: e.to_string(),
+        })?;
         let mut components = BTreeMap::new();
         match value {
             serde_json::Value::Object(map) => {
                 for (k, v) in map {
-                    let n = v.as_f64().ok_or_else(|| GradeError::BadReward { file, message: format!("`{k}` is not a number") })?;
+                    let n = v.as_f64().ok_or_else(|| GradeError::BadReward {
+                        file,
+                        message: format!("`{k}` is not a number"),
+                    })?;
                     components.insert(k, finite(n, file)?);
                 }
             }
             serde_json::Value::Number(n) => {
                 components.insert("reward".into(), finite(n.as_f64().unwrap_or(f64::NAN), file)?);
             }
-            other => return Err(GradeError::BadReward { file, message: format!("expected an object, got {other}") }),
+            other => {
+                return Err(GradeError::BadReward {
+                    file,
+                    message: format!("expected an object, got {other}"),
+                })
+            }
         }
         if components.is_empty() {
-            return Err(GradeError::BadReward { file, message: "empty object".into() });
+            return Err(GradeError::BadReward {
+                file,
+                message: "empty object".into(),
+            });
         }
         let reward = match components.get("reward") {
             Some(r) => *r,
             None => components.values().sum::<f64>() / components.len() as f64,
         };
-        return Ok(HarborReward { reward, components, file });
+        return Ok(HarborReward {
+            reward,
+            components,
+            file,
+        });
     }
     if let Some(text) = txt {
         let file = "reward.txt";
-        let n: f64 = text
-            .trim()
-            .parse()
-            .map_err(|_| GradeError::BadReward { file, message: format!("not a number: {:?}", text.trim()) })?;
+        let n: f64 = text.trim().parse().map_err(|_| GradeError::BadReward {
+            file,
+            message: format!("not a number: {:?}", text.trim()),
+        })?;
         let reward = finite(n, file)?;
-        return Ok(HarborReward { reward, components: BTreeMap::from([("reward".to_string(), reward)]), file });
+        return Ok(HarborReward {
+            reward,
+            components: BTreeMap::from([("reward".to_string(), reward)]),
+            file,
+        });
     }
     Err(GradeError::MissingReward)
 }

@@ -85,7 +85,10 @@ pub fn parse_junit(xml: &str, files: &[String]) -> Option<BTreeMap<String, Strin
             ("", (open_end + 1).min(after.len()))
         } else {
             let close = after.find("</testcase>").unwrap_or(after.len());
-            (&after[open_end..close], (close + "</testcase>".len()).min(after.len()))
+            (
+                &after[open_end..close],
+                (close + "</testcase>".len()).min(after.len()),
+            )
         };
         let classname = attr(open, "classname").unwrap_or_default();
         let name = attr(open, "name").unwrap_or_default();
@@ -143,7 +146,14 @@ pub fn parse_log(log: &str) -> BTreeMap<String, String> {
 pub fn log_has_summary(log: &str) -> bool {
     log.lines().any(|l| {
         let l = l.trim();
-        l.starts_with('=') && l.ends_with('=') && (l.contains(" in ") && (l.contains("passed") || l.contains("failed") || l.contains("error") || l.contains("skipped") || l.contains("no tests ran")))
+        l.starts_with('=')
+            && l.ends_with('=')
+            && (l.contains(" in ")
+                && (l.contains("passed")
+                    || l.contains("failed")
+                    || l.contains("error")
+                    || l.contains("skipped")
+                    || l.contains("no tests ran")))
     })
 }
 

@@ -18,7 +18,12 @@ pub struct Verdict {
 /// SWE-bench's rule: every FAIL_TO_PASS test passed (skipped is a failure) and every PASS_TO_PASS test
 /// passed or was skipped. A test absent from the results did not pass. No statuses at all, or a
 /// non-zero exit with no failing test, is treated as "the suite did not run": reward 0 with a note.
-pub fn resolve(statuses: &BTreeMap<String, String>, f2p: &[String], p2p: &[String], exit_code: Option<i64>) -> Verdict {
+pub fn resolve(
+    statuses: &BTreeMap<String, String>,
+    f2p: &[String],
+    p2p: &[String],
+    exit_code: Option<i64>,
+) -> Verdict {
     let mut failing = Vec::new();
     for t in f2p {
         if statuses.get(t).map(String::as_str) != Some(PASSED) {
@@ -31,18 +36,31 @@ pub fn resolve(statuses: &BTreeMap<String, String>, f2p: &[String], p2p: &[Strin
             _ => failing.push(t.clone()),
         }
     }
-    let any_failed = statuses.values().any(|s| s != PASSED && s != SKIPPED && s != XFAIL);
+    let any_failed = statuses
+        .values()
+        .any(|s| s != PASSED && s != SKIPPED && s != XFAIL);
     let note = if statuses.is_empty() {
         Some("no test results: the suite did not run".to_string())
     } else if exit_code.is_some_and(|c| c != 0) && !any_failed {
-        Some(format!("test command exited {} with no failing test", exit_code.unwrap_or(-1)))
+        Some(format!(
+            "test command exited {} with no failing test",
+            exit_code.unwrap_or(-1)
+        ))
     } else if f2p.is_empty() && p2p.is_empty() {
         Some("task lists no FAIL_TO_PASS or PASS_TO_PASS tests".to_string())
     } else {
         None
     };
-    let reward = if failing.is_empty() && note.is_none() { 1.0 } else { 0.0 };
-    Verdict { reward, failing, note }
+    let reward = if failing.is_empty() && note.is_none() {
+        1.0
+    } else {
+        0.0
+    };
+    Verdict {
+        reward,
+        failing,
+        note,
+    }
 }
 
 #[cfg(test)]
@@ -50,7 +68,10 @@ mod tests {
     use super::*;
 
     fn st(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
     }
     fn v(xs: &[&str]) -> Vec<String> {
         xs.iter().map(|s| s.to_string()).collect()

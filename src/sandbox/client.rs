@@ -64,7 +64,10 @@ impl Engine {
     /// Connects (honours `DOCKER_HOST`) and pings the engine.
     pub async fn connect() -> Result<Self, SandboxError> {
         let docker = Docker::connect_with_defaults().map_err(|source| SandboxError::Connect { source })?;
-        docker.ping().await.map_err(|source| SandboxError::Connect { source })?;
+        docker
+            .ping()
+            .await
+            .map_err(|source| SandboxError::Connect { source })?;
         Ok(Engine { docker })
     }
 
@@ -73,7 +76,10 @@ impl Engine {
         match self.docker.inspect_image(tag).await {
             Ok(img) => Ok(img.id),
             Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
-            Err(source) => Err(SandboxError::InspectImage { image: tag.to_string(), source }),
+            Err(source) => Err(SandboxError::InspectImage {
+                image: tag.to_string(),
+                source,
+            }),
         }
     }
 
@@ -92,7 +98,9 @@ impl Engine {
             labels: Some(labels),
             ..Default::default()
         };
-        let mut stream = self.docker.build_image(opts, None, Some(bollard::body_full(context_tar.into())));
+        let mut stream = self
+            .docker
+            .build_image(opts, None, Some(bollard::body_full(context_tar.into())));
         while let Some(item) = stream.next().await {
             let info = item.map_err(|source| SandboxError::BuildImage {
                 image: tag.to_string(),
@@ -103,38 +111,57 @@ impl Engine {
             }
             if let Some(err) = info.error.or(info.error_detail.and_then(|d| d.message)) {
                 let _ = writeln!(log, "ERROR: {err}");
-                return Err(SandboxError::BuildImage { image: tag.to_string(), message: err });
+                return Err(SandboxError::BuildImage {
+                    image: tag.to_string(),
+                    message: err,
+                });
             }
         }
-        self.image_id(tag)
-            .await?
-            .ok_or_else(|| SandboxError::BuildImage { image: tag.to_string(), message: "image missing after build".into() })
+        self.image_id(tag).await?.ok_or_else(|| SandboxError::BuildImage {
+            image: tag.to_string(),
+            message: "image missing after build".into(),
+        })
     }
 
     /// Creates an internal bridge network with no IPv4 address on the host side: containers on it
     /// reach each other and nothing else (no gateway, no host address, no default route).
-    pub async fn create_network(&self, name: &str, labels: HashMap<String, String>) -> Result<String, SandboxError> {
+    pub async fn create_network(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<String, SandboxError> {
         let req = NetworkCreateRequest {
             name: name.to_string(),
             driver: Some("bridge".into()),
             internal: Some(true),
             labels: Some(labels),
-            options: Some(HashMap::from([("com.docker.network.bridge.inhibit_ipv4".to_string(), "true".to_string())])),
+            options: Some(HashMap::from([(
+                "com.docker.network.bridge.inhibit_ipv4".to_string(),
+                "true".to_string(),
+            )])),
             ..Default::default()
         };
         let resp = self
             .docker
             .create_network(req)
             .await
-            .map_err(|source| SandboxError::CreateNetwork { name: name.to_string(), source })?;
+            .map_err(|source| SandboxError::CreateNetwork {
+                name: name.to_string(),
+                source,
+            })?;
         Ok(resp.id)
     }
 
     /// Removes a network; a missing one is not an error.
     pub async fn remove_network(&self, name: &str) -> Result<(), SandboxError> {
         match self.docker.remove_network(name).await {
-            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
-            Err(source) => Err(SandboxError::RemoveNetwork { name: name.to_string(), source }),
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                Ok(())
+            }
+            Err(source) => Err(SandboxError::RemoveNetwork {
+                name: name.to_string(),
+                source,
+            }),
         }
     }
 
@@ -148,7 +175,12 @@ impl Engine {
             pids_limit: spec.pids_limit,
             binds: (!spec.binds.is_empty()).then(|| spec.binds.clone()),
             init: Some(true),
-            cap_drop: Some(vec!["NET_RAW".into(), "SYS_ADMIN".into(), "MKNOD".into(), "SYS_PTRACE".into()]),
+            cap_drop: Some(vec![
+                "NET_RAW".into(),
+                "SYS_ADMIN".into(),
+                "MKNOD".into(),
+                "SYS_PTRACE".into(),
+            ]),
             security_opt: Some(vec!["no-new-privileges".into()]),
             ..Default::default()
         };
@@ -161,12 +193,18 @@ impl Engine {
             host_config: Some(host),
             ..Default::default()
         };
-        let opts = CreateContainerOptions { name: Some(spec.name.clone()), ..Default::default() };
+        let opts = CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            ..Default::default()
+        };
         let resp = self
             .docker
             .create_container(Some(opts), body)
             .await
-            .map_err(|source| SandboxError::CreateContainer { image: spec.image.clone(), source })?;
+            .map_err(|source| SandboxError::CreateContainer {
+                image: spec.image.clone(),
+                source,
+            })?;
         Ok(resp.id)
     }
 
@@ -175,15 +213,27 @@ impl Engine {
         self.docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
-            .map_err(|source| SandboxError::StartContainer { container: id.to_string(), source })
+            .map_err(|source| SandboxError::StartContainer {
+                container: id.to_string(),
+                source,
+            })
     }
 
     /// Force-removes a container and its anonymous volumes; a missing one is not an error.
     pub async fn remove_container(&self, id: &str) -> Result<(), SandboxError> {
-        let opts = RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        let opts = RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+        };
         match self.docker.remove_container(id, Some(opts)).await {
-            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
-            Err(source) => Err(SandboxError::RemoveContainer { container: id.to_string(), source }),
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                Ok(())
+            }
+            Err(source) => Err(SandboxError::RemoveContainer {
+                container: id.to_string(),
+                source,
+            }),
         }
     }
 
@@ -193,7 +243,10 @@ impl Engine {
             .docker
             .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
             .await
-            .map_err(|source| SandboxError::InspectContainer { container: id.to_string(), source })?;
+            .map_err(|source| SandboxError::InspectContainer {
+                container: id.to_string(),
+                source,
+            })?;
         Ok(info.state.and_then(|s| s.oom_killed).unwrap_or(false))
     }
 
@@ -221,7 +274,11 @@ impl Engine {
             script.to_string(),
         ];
         let short: String = script.chars().take(80).collect();
-        let err = |source| SandboxError::Exec { container: id.to_string(), command: short.clone(), source };
+        let err = |source| SandboxError::Exec {
+            container: id.to_string(),
+            command: short.clone(),
+            source,
+        };
         let created = self
             .docker
             .create_exec(
@@ -242,8 +299,11 @@ impl Engine {
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
         let mut client_timed_out = false;
-        if let StartExecResults::Attached { mut output, .. } =
-            self.docker.start_exec(&created.id, None::<StartExecOptions>).await.map_err(err)?
+        if let StartExecResults::Attached { mut output, .. } = self
+            .docker
+            .start_exec(&created.id, None::<StartExecOptions>)
+            .await
+            .map_err(err)?
         {
             let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(15);
             loop {
@@ -255,7 +315,9 @@ impl Engine {
                     Ok(None) => break,
                     Ok(Some(Err(source))) => return Err(err(source)),
                     Ok(Some(Ok(chunk))) => match chunk {
-                        bollard::container::LogOutput::StdErr { message } => stderr.extend_from_slice(&message),
+                        bollard::container::LogOutput::StdErr { message } => {
+                            stderr.extend_from_slice(&message)
+                        }
                         other => stdout.extend_from_slice(&other.into_bytes()),
                     },
                 }
@@ -265,9 +327,14 @@ impl Engine {
         let exit_code = if client_timed_out {
             None
         } else {
-            self.docker.inspect_exec(&created.id).await.map_err(err)?.exit_code
+            self.docker
+                .inspect_exec(&created.id)
+                .await
+                .map_err(err)?
+                .exit_code
         };
-        let timed_out = client_timed_out || (matches!(exit_code, Some(124) | Some(137)) && seconds + 0.5 >= secs);
+        let timed_out =
+            client_timed_out || (matches!(exit_code, Some(124) | Some(137)) && seconds + 0.5 >= secs);
         Ok(ExecOutput {
             exit_code,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
@@ -279,26 +346,47 @@ impl Engine {
 
     /// Extracts a tar archive into `path` inside the container.
     pub async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), SandboxError> {
-        let opts = UploadToContainerOptions { path: path.to_string(), ..Default::default() };
+        let opts = UploadToContainerOptions {
+            path: path.to_string(),
+            ..Default::default()
+        };
         self.docker
             .upload_to_container(id, Some(opts), bollard::body_full(tar.into()))
             .await
-            .map_err(|source| SandboxError::Upload { container: id.to_string(), path: path.to_string(), source })
+            .map_err(|source| SandboxError::Upload {
+                container: id.to_string(),
+                path: path.to_string(),
+                source,
+            })
     }
 
     /// Ids of containers (running or not) carrying `label=value`.
     pub async fn containers_with_label(&self, label: &str, value: &str) -> Result<Vec<String>, SandboxError> {
         let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
-        let opts = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
-        let list = self.docker.list_containers(Some(opts)).await.map_err(|source| SandboxError::List { source })?;
+        let opts = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let list = self
+            .docker
+            .list_containers(Some(opts))
+            .await
+            .map_err(|source| SandboxError::List { source })?;
         Ok(list.into_iter().filter_map(|c| c.id).collect())
     }
 
     /// Names of networks carrying `label=value`.
     pub async fn networks_with_label(&self, label: &str, value: &str) -> Result<Vec<String>, SandboxError> {
         let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
-        let opts = ListNetworksOptions { filters: Some(filters) };
-        let list = self.docker.list_networks(Some(opts)).await.map_err(|source| SandboxError::List { source })?;
+        let opts = ListNetworksOptions {
+            filters: Some(filters),
+        };
+        let list = self
+            .docker
+            .list_networks(Some(opts))
+            .await
+            .map_err(|source| SandboxError::List { source })?;
         Ok(list.into_iter().filter_map(|n| n.name).collect())
     }
 
@@ -313,7 +401,11 @@ impl Engine {
             let filters = HashMap::from([("label".to_string(), vec![label.to_string()])]);
             let c = self
                 .docker
-                .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() }))
+                .list_containers(Some(ListContainersOptions {
+                    all: true,
+                    filters: Some(filters.clone()),
+                    ..Default::default()
+                }))
                 .await
                 .map_err(|source| SandboxError::List { source })?
                 .into_iter()
@@ -321,7 +413,9 @@ impl Engine {
                 .collect::<Vec<_>>();
             let n = self
                 .docker
-                .list_networks(Some(ListNetworksOptions { filters: Some(filters) }))
+                .list_networks(Some(ListNetworksOptions {
+                    filters: Some(filters),
+                }))
                 .await
                 .map_err(|source| SandboxError::List { source })?
                 .into_iter()
@@ -329,7 +423,10 @@ impl Engine {
                 .collect::<Vec<_>>();
             (c, n)
         } else {
-            (self.containers_with_label(label, value).await?, self.networks_with_label(label, value).await?)
+            (
+                self.containers_with_label(label, value).await?,
+                self.networks_with_label(label, value).await?,
+            )
         };
         let n = containers.len() + networks.len();
         for c in containers {

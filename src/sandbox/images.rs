@@ -39,7 +39,13 @@ pub fn slug(s: &str) -> String {
     let mut out: String = s
         .to_lowercase()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     out.truncate(100);
     out.trim_matches(|c| c == '-' || c == '.').to_string()
@@ -86,8 +92,15 @@ pub fn task_dockerfile(env_tag: &str, task: &Task) -> String {
 /// What build-images does for one task.
 enum Plan {
     Prebuilt(String),
-    Swe { env_tag: String, env_dockerfile: String, bundle: PathBuf },
-    Dockerfile { tag: String, context: Vec<u8> },
+    Swe {
+        env_tag: String,
+        env_dockerfile: String,
+        bundle: PathBuf,
+    },
+    Dockerfile {
+        tag: String,
+        context: Vec<u8>,
+    },
 }
 
 fn from_image(dockerfile: &str) -> Option<String> {
@@ -99,7 +112,12 @@ fn from_image(dockerfile: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-async fn plan(engine: &Engine, task: &Task, s: &BuildSettings, base_id: &Option<String>) -> Result<Plan, SandboxError> {
+async fn plan(
+    engine: &Engine,
+    task: &Task,
+    s: &BuildSettings,
+    base_id: &Option<String>,
+) -> Result<Plan, SandboxError> {
     let env = &task.environment;
     if let Some(image) = &env.image {
         return Ok(Plan::Prebuilt(image.clone()));
@@ -108,7 +126,10 @@ async fn plan(engine: &Engine, task: &Task, s: &BuildSettings, base_id: &Option<
         let mut tar = TarBuilder::new();
         if let Some(ctx) = &env.context {
             let dir = resolve(&s.task_root, ctx);
-            tar.dir_tree(&dir, "").map_err(|source| SandboxError::ReadFile { path: dir.clone(), source })?;
+            tar.dir_tree(&dir, "").map_err(|source| SandboxError::ReadFile {
+                path: dir.clone(),
+                source,
+            })?;
         }
         tar.file("Dockerfile", dockerfile.as_bytes(), 0o644);
         let context = tar.finish();
@@ -119,37 +140,67 @@ async fn plan(engine: &Engine, task: &Task, s: &BuildSettings, base_id: &Option<
                 h.update(id.as_bytes());
             }
         }
-        return Ok(Plan::Dockerfile { tag: format!("lego-rl/task-{}:{}", slug(&task.id), short_hash(h)), context });
+        return Ok(Plan::Dockerfile {
+            tag: format!("lego-rl/task-{}:{}", slug(&task.id), short_hash(h)),
+            context,
+        });
     }
     let Some(RepoSource::Bundle { path }) = &env.repo_source else {
         return Err(SandboxError::Stage {
             stage: "plan",
-            message: format!("task {}: needs environment.image, .dockerfile or a bundle repo_source", task.id),
+            message: format!(
+                "task {}: needs environment.image, .dockerfile or a bundle repo_source",
+                task.id
+            ),
         });
     };
-    let base_id = base_id.clone().ok_or_else(|| SandboxError::ImageMissing { image: s.base_image.clone() })?;
+    let base_id = base_id.clone().ok_or_else(|| SandboxError::ImageMissing {
+        image: s.base_image.clone(),
+    })?;
     let (env_tag, env_dockerfile) = environment_layer(task, &base_id);
-    Ok(Plan::Swe { env_tag, env_dockerfile, bundle: resolve(&s.task_root, path) })
+    Ok(Plan::Swe {
+        env_tag,
+        env_dockerfile,
+        bundle: resolve(&s.task_root, path),
+    })
 }
 
 fn log_path(tag: &str, s: &BuildSettings) -> PathBuf {
     s.log_dir.join(format!("{}.log", slug(&tag.replace(':', "_"))))
 }
 
-async fn build_logged(engine: &Engine, tag: &str, context: Vec<u8>, s: &BuildSettings, run_id: &str) -> Result<(String, bool, PathBuf), SandboxError> {
+async fn build_logged(
+    engine: &Engine,
+    tag: &str,
+    context: Vec<u8>,
+    s: &BuildSettings,
+    run_id: &str,
+) -> Result<(String, bool, PathBuf), SandboxError> {
     let log_path = log_path(tag, s);
     if let Some(id) = engine.image_id(tag).await? {
         return Ok((id, true, log_path));
     }
-    let mut log = std::fs::File::create(&log_path).map_err(|source| SandboxError::ReadFile { path: log_path.clone(), source })?;
+    let mut log = std::fs::File::create(&log_path).map_err(|source| SandboxError::ReadFile {
+        path: log_path.clone(),
+        source,
+    })?;
     let labels = HashMap::from([(LABEL_RUN.to_string(), run_id.to_string())]);
     let id = engine.build_image(tag, context, labels, &mut log).await?;
     Ok((id, false, log_path))
 }
 
 /// Builds (or finds) every task's image; returns one record per task, in input order.
-pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, run_id: &str, on_done: &(dyn Fn(&ImageRecord) + Sync)) -> Result<Vec<ImageRecord>, SandboxError> {
-    std::fs::create_dir_all(&s.log_dir).map_err(|source| SandboxError::ReadFile { path: s.log_dir.clone(), source })?;
+pub async fn build_images(
+    engine: &Engine,
+    tasks: &[Task],
+    s: &BuildSettings,
+    run_id: &str,
+    on_done: &(dyn Fn(&ImageRecord) + Sync),
+) -> Result<Vec<ImageRecord>, SandboxError> {
+    std::fs::create_dir_all(&s.log_dir).map_err(|source| SandboxError::ReadFile {
+        path: s.log_dir.clone(),
+        source,
+    })?;
     let base_id = engine.image_id(&s.base_image).await?;
     let sem = Arc::new(Semaphore::new(s.jobs.max(1)));
     // Environment layers first (deduplicated), then task layers.
@@ -157,7 +208,12 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
     let mut envs: BTreeMap<String, String> = BTreeMap::new();
     for t in tasks {
         let p = plan(engine, t, s, &base_id).await;
-        if let Ok(Plan::Swe { env_tag, env_dockerfile, .. }) = &p {
+        if let Ok(Plan::Swe {
+            env_tag,
+            env_dockerfile,
+            ..
+        }) = &p
+        {
             envs.insert(env_tag.clone(), env_dockerfile.replace("{BASE}", &s.base_image));
         }
         plans.push(p);
@@ -171,7 +227,11 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                 let mut tar = TarBuilder::new();
                 tar.file("Dockerfile", dockerfile.as_bytes(), 0o644);
                 let r = build_logged(engine, &tag, tar.finish(), s, run_id).await;
-                (tag, r.map(|(id, hit, log)| (id, hit, log, started.elapsed().as_secs_f64())).map_err(|e| e.to_string()))
+                (
+                    tag,
+                    r.map(|(id, hit, log)| (id, hit, log, started.elapsed().as_secs_f64()))
+                        .map_err(|e| e.to_string()),
+                )
             }
         });
         futures::future::join_all(futs).await.into_iter().collect()
@@ -202,7 +262,9 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                     }
                     Plan::Dockerfile { tag, context } => {
                         rec.log_path = Some(log_path(&tag, s).display().to_string());
-                        let (id, hit, log) = build_logged(engine, &tag, context, s, run_id).await.map_err(|e| e.to_string())?;
+                        let (id, hit, log) = build_logged(engine, &tag, context, s, run_id)
+                            .await
+                            .map_err(|e| e.to_string())?;
                         Ok((tag, id, hit, Some(log)))
                     }
                     Plan::Swe { env_tag, bundle, .. } => {
@@ -213,7 +275,8 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                             .unwrap_or_else(|| Err("environment layer not built".into()))
                             .map_err(|e| format!("environment layer {env_tag}: {e}"))?;
                         let dockerfile = task_dockerfile(&env_tag, task);
-                        let bytes = std::fs::read(&bundle).map_err(|e| format!("reading {}: {e}", bundle.display()))?;
+                        let bytes = std::fs::read(&bundle)
+                            .map_err(|e| format!("reading {}: {e}", bundle.display()))?;
                         let mut h = Sha256::new();
                         h.update(env_id.as_bytes());
                         h.update(dockerfile.as_bytes());
@@ -221,8 +284,14 @@ pub async fn build_images(engine: &Engine, tasks: &[Task], s: &BuildSettings, ru
                         let tag = format!("lego-rl/task-{}:{}", slug(&task.id), short_hash(h));
                         rec.log_path = Some(log_path(&tag, s).display().to_string());
                         let mut tar = TarBuilder::new();
-                        tar.file("Dockerfile", dockerfile.as_bytes(), 0o644).file("repo.bundle", &bytes, 0o644);
-                        let (id, hit, log) = build_logged(engine, &tag, tar.finish(), s, run_id).await.map_err(|e| e.to_string())?;
+                        tar.file("Dockerfile", dockerfile.as_bytes(), 0o644).file(
+                            "repo.bundle",
+                            &bytes,
+                            0o644,
+                        );
+                        let (id, hit, log) = build_logged(engine, &tag, tar.finish(), s, run_id)
+                            .await
+                            .map_err(|e| e.to_string())?;
                         Ok((tag, id, hit, Some(log)))
                     }
                 }
@@ -271,6 +340,9 @@ mod tests {
 
     #[test]
     fn from_line_is_found() {
-        assert_eq!(from_image("# c\nfrom lego-rl/base:trixie AS x\n"), Some("lego-rl/base:trixie".into()));
+        assert_eq!(
+            from_image("# c\nfrom lego-rl/base:trixie AS x\n"),
+            Some("lego-rl/base:trixie".into())
+        );
     }
 }

@@ -80,7 +80,11 @@ impl TarBuilder {
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
-            let full = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+            let full = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
             let ft = e.file_type()?;
             if ft.is_dir() {
                 self.dir(&full);
@@ -118,7 +122,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let long = format!("d/{}.txt", "x".repeat(120));
         let mut t = TarBuilder::new();
-        t.dir("d").file("d/a.txt", b"hello\n", 0o644).file(&long, b"long", 0o755);
+        t.dir("d")
+            .file("d/a.txt", b"hello\n", 0o644)
+            .file(&long, b"long", 0o755);
         let path = dir.path().join("a.tar");
         std::fs::write(&path, t.finish()).expect("write");
         let out = std::process::Command::new("tar")
@@ -127,7 +133,13 @@ mod tests {
             .status()
             .expect("tar runs");
         assert!(out.success());
-        assert_eq!(std::fs::read_to_string(dir.path().join("d/a.txt")).expect("a"), "hello\n");
-        assert_eq!(std::fs::read_to_string(dir.path().join(&long)).expect("long"), "long");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("d/a.txt")).expect("a"),
+            "hello\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(&long)).expect("long"),
+            "long"
+        );
     }
 }

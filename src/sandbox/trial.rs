@@ -77,7 +77,10 @@ pub struct TrialResult {
 }
 
 fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 fn sh_quote(s: &str) -> String {
@@ -113,7 +116,13 @@ pub fn is_collection_hook(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     matches!(
         name,
-        "conftest.py" | "pytest.ini" | "tox.ini" | "setup.cfg" | "pyproject.toml" | "sitecustomize.py" | "usercustomize.py"
+        "conftest.py"
+            | "pytest.ini"
+            | "tox.ini"
+            | "setup.cfg"
+            | "pyproject.toml"
+            | "sitecustomize.py"
+            | "usercustomize.py"
     ) || name.ends_with(".pth")
 }
 
@@ -139,9 +148,26 @@ pub struct Trial {
 
 impl Trial {
     /// A trial of `task` on `image`; nothing is created until [`Trial::setup`].
-    #[expect(clippy::too_many_arguments, reason = "plain constructor of a record-like struct")]
-    pub fn new(engine: Engine, task: Task, task_root: PathBuf, image: String, run_id: &str, trial_id: &str, limits: TrialLimits, env: Vec<String>, binds: Vec<String>) -> Self {
-        let workdir = task.environment.workdir.clone().unwrap_or_else(|| DEFAULT_WORKDIR.to_string());
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "plain constructor of a record-like struct"
+    )]
+    pub fn new(
+        engine: Engine,
+        task: Task,
+        task_root: PathBuf,
+        image: String,
+        run_id: &str,
+        trial_id: &str,
+        limits: TrialLimits,
+        env: Vec<String>,
+        binds: Vec<String>,
+    ) -> Self {
+        let workdir = task
+            .environment
+            .workdir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_WORKDIR.to_string());
         Trial {
             engine,
             task,
@@ -167,11 +193,21 @@ impl Trial {
     }
 
     fn labels(&self) -> HashMap<String, String> {
-        HashMap::from([(LABEL_RUN.to_string(), self.run_id.clone()), (LABEL_TRIAL.to_string(), self.trial_id.clone())])
+        HashMap::from([
+            (LABEL_RUN.to_string(), self.run_id.clone()),
+            (LABEL_TRIAL.to_string(), self.trial_id.clone()),
+        ])
     }
 
     fn record(&mut self, stage: &str, start: f64, outcome: &str) {
-        self.stages.insert(stage.to_string(), StageTiming { start, end: now(), outcome: outcome.to_string() });
+        self.stages.insert(
+            stage.to_string(),
+            StageTiming {
+                start,
+                end: now(),
+                outcome: outcome.to_string(),
+            },
+        );
     }
 
     /// The trial container's id (after setup).
@@ -184,20 +220,35 @@ impl Trial {
     }
 
     /// Runs `script` in the trial container as `user` (used by setup, tests and harness adapters).
-    pub async fn exec(&self, user: &str, script: &str, timeout: Duration) -> Result<ExecOutput, SandboxError> {
-        let id = self.container.as_deref().ok_or(SandboxError::Stage { stage: "exec", message: "no container".into() })?;
-        self.engine.exec(id, user, &self.workdir, &self.env, script, timeout).await
+    pub async fn exec(
+        &self,
+        user: &str,
+        script: &str,
+        timeout: Duration,
+    ) -> Result<ExecOutput, SandboxError> {
+        let id = self.container.as_deref().ok_or(SandboxError::Stage {
+            stage: "exec",
+            message: "no container".into(),
+        })?;
+        self.engine
+            .exec(id, user, &self.workdir, &self.env, script, timeout)
+            .await
     }
 
     /// Copies `files` (path → bytes, relative to `dest`) into the trial container.
     pub async fn upload(&self, dest: &str, tar: Vec<u8>) -> Result<(), SandboxError> {
-        let id = self.container.as_deref().ok_or(SandboxError::Stage { stage: "upload", message: "no container".into() })?;
+        let id = self.container.as_deref().ok_or(SandboxError::Stage {
+            stage: "upload",
+            message: "no container".into(),
+        })?;
         self.engine.upload(id, dest, tar).await
     }
 
     async fn setup_inner(&mut self) -> Result<(), SandboxError> {
         if self.engine.image_id(&self.image).await?.is_none() {
-            return Err(SandboxError::ImageMissing { image: self.image.clone() });
+            return Err(SandboxError::ImageMissing {
+                image: self.image.clone(),
+            });
         }
         let net = self.name("-net");
         self.engine.create_network(&net, self.labels()).await?;
@@ -229,11 +280,19 @@ impl Trial {
         } else {
             format!("set -e; mkdir -p {wd} /logs/agent; chown -R {AGENT_USER}:{AGENT_USER} {wd} /logs/agent; echo none")
         };
-        let out = self.engine.exec(&id, "root", "/", &[], &script, self.limits.setup).await?;
+        let out = self
+            .engine
+            .exec(&id, "root", "/", &[], &script, self.limits.setup)
+            .await?;
         if !out.ok() {
             return Err(SandboxError::Stage {
                 stage: "setup",
-                message: format!("exit {:?}{}: {}", out.exit_code, if out.timed_out { " (timed out)" } else { "" }, tail(&out.stderr, 2000)),
+                message: format!(
+                    "exit {:?}{}: {}",
+                    out.exit_code,
+                    if out.timed_out { " (timed out)" } else { "" },
+                    tail(&out.stderr, 2000)
+                ),
             });
         }
         self.base_hash = Some(out.stdout.trim().to_string()).filter(|h| h != "none");
@@ -245,7 +304,12 @@ impl Trial {
         let start = now();
         let r = tokio::time::timeout(self.limits.setup + Duration::from_secs(30), self.setup_inner())
             .await
-            .unwrap_or_else(|_| Err(SandboxError::Stage { stage: "setup", message: "timed out".into() }));
+            .unwrap_or_else(|_| {
+                Err(SandboxError::Stage {
+                    stage: "setup",
+                    message: "timed out".into(),
+                })
+            });
         self.record("setup", start, if r.is_ok() { "ok" } else { "error" });
         r
     }
@@ -286,7 +350,10 @@ impl Trial {
             );
             let out = self.exec(AGENT_USER, &script, self.limits.setup).await?;
             if !out.ok() {
-                return Err(SandboxError::Stage { stage: "extract", message: tail(&out.stderr, 2000) });
+                return Err(SandboxError::Stage {
+                    stage: "extract",
+                    message: tail(&out.stderr, 2000),
+                });
             }
             Ok(out.stdout)
         }
@@ -299,15 +366,25 @@ impl Trial {
     pub async fn evaluate(&mut self, diff: &str) -> Result<(f64, GraderResult), SandboxError> {
         let start = now();
         let r = match self.task.grader.clone() {
-            Some(Grader::Swebench { test_cmd, test_files }) => self.evaluate_swebench(diff, &test_cmd, &test_files).await,
+            Some(Grader::Swebench { test_cmd, test_files }) => {
+                self.evaluate_swebench(diff, &test_cmd, &test_files).await
+            }
             Some(Grader::Harbor { tests_dir }) => self.evaluate_harbor(&tests_dir).await,
-            None => Err(SandboxError::Stage { stage: "evaluate", message: format!("task {} has no grader", self.task.id) }),
+            None => Err(SandboxError::Stage {
+                stage: "evaluate",
+                message: format!("task {} has no grader", self.task.id),
+            }),
         };
         self.record("evaluate", start, if r.is_ok() { "ok" } else { "error" });
         r
     }
 
-    async fn evaluate_swebench(&mut self, diff: &str, test_cmd: &str, test_files: &[String]) -> Result<(f64, GraderResult), SandboxError> {
+    async fn evaluate_swebench(
+        &mut self,
+        diff: &str,
+        test_cmd: &str,
+        test_files: &[String],
+    ) -> Result<(f64, GraderResult), SandboxError> {
         let test_patch = self.task.test_patch.clone().unwrap_or_default();
         let touched = diff_files(diff);
         let mut protected: BTreeSet<String> = diff_files(&test_patch);
@@ -318,11 +395,23 @@ impl Trial {
             }
         }
         for f in touched.intersection(&protected) {
-            self.audit.push(AuditEvent { kind: "test_edit".into(), detail: format!("{f} (discarded before grading)"), generation: None });
+            self.audit.push(AuditEvent {
+                kind: "test_edit".into(),
+                detail: format!("{f} (discarded before grading)"),
+                generation: None,
+            });
         }
-        let hooks: Vec<String> = touched.iter().filter(|f| is_collection_hook(f) && !protected.contains(*f)).cloned().collect();
+        let hooks: Vec<String> = touched
+            .iter()
+            .filter(|f| is_collection_hook(f) && !protected.contains(*f))
+            .cloned()
+            .collect();
         for f in &hooks {
-            self.audit.push(AuditEvent { kind: "collection_hook".into(), detail: format!("{f} (reverted before grading)"), generation: None });
+            self.audit.push(AuditEvent {
+                kind: "collection_hook".into(),
+                detail: format!("{f} (reverted before grading)"),
+                generation: None,
+            });
         }
         let spec = ContainerSpec {
             name: self.name("-eval"),
@@ -339,11 +428,20 @@ impl Trial {
         self.eval_container = Some(id.clone());
         self.engine.start_container(&id).await?;
         let mut tar = TarBuilder::new();
-        tar.dir("lego").file("lego/agent.diff", diff.as_bytes(), 0o644).file("lego/test.patch", test_patch.as_bytes(), 0o644);
+        tar.dir("lego")
+            .file("lego/agent.diff", diff.as_bytes(), 0o644)
+            .file("lego/test.patch", test_patch.as_bytes(), 0o644);
         self.engine.upload(&id, "/tmp", tar.finish()).await?;
         let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
         let restore = |files: &mut dyn Iterator<Item = &String>| -> String {
-            files.map(|f| format!("git checkout -q {base} -- {q} 2>/dev/null || rm -f {q}; ", q = sh_quote(f))).collect()
+            files
+                .map(|f| {
+                    format!(
+                        "git checkout -q {base} -- {q} 2>/dev/null || rm -f {q}; ",
+                        q = sh_quote(f)
+                    )
+                })
+                .collect()
         };
         let restore_tests = restore(&mut protected.iter());
         let revert_hooks = restore(&mut hooks.iter());
@@ -362,60 +460,160 @@ impl Trial {
             wd = sh_quote(&self.workdir),
             files = files.join(" "),
         );
-        let out = self.engine.exec(&id, "root", "/", &[], &script, self.limits.eval).await?;
+        let out = self
+            .engine
+            .exec(&id, "root", "/", &[], &script, self.limits.eval)
+            .await?;
         if out.timed_out || out.stdout.contains("LEGO_TEST_PATCH_FAILED") || out.exit_code != Some(0) {
             return Err(SandboxError::Stage {
                 stage: "evaluate",
-                message: format!("grading script exit {:?} (timed out: {}): {}", out.exit_code, out.timed_out, tail(&(out.stdout + &out.stderr), 2000)),
+                message: format!(
+                    "grading script exit {:?} (timed out: {}): {}",
+                    out.exit_code,
+                    out.timed_out,
+                    tail(&(out.stdout + &out.stderr), 2000)
+                ),
             });
         }
-        let apply = out.stdout.lines().find_map(|l| l.strip_prefix("LEGO_APPLY=")).map(str::to_string);
-        let exit_code = out.stdout.lines().find_map(|l| l.strip_prefix("LEGO_EXIT=")).and_then(|c| c.trim().parse().ok());
+        let apply = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("LEGO_APPLY="))
+            .map(str::to_string);
+        let exit_code = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("LEGO_EXIT="))
+            .and_then(|c| c.trim().parse().ok());
         let short = Duration::from_secs(60);
-        let junit = self.engine.exec(&id, "root", "/", &[], "cat /tmp/lego/junit.xml 2>/dev/null", short).await?.stdout;
-        let log = self.engine.exec(&id, "root", "/", &[], "tail -c 200000 /tmp/lego/test.log", short).await?.stdout;
-        let statuses = grade::pytest::parse_junit(&junit, test_files).unwrap_or_else(|| grade::pytest::parse_log(&log));
-        let verdict = grade::swebench::resolve(&statuses, &self.task.fail_to_pass, &self.task.pass_to_pass, exit_code);
+        let junit = self
+            .engine
+            .exec(
+                &id,
+                "root",
+                "/",
+                &[],
+                "cat /tmp/lego/junit.xml 2>/dev/null",
+                short,
+            )
+            .await?
+            .stdout;
+        let log = self
+            .engine
+            .exec(&id, "root", "/", &[], "tail -c 200000 /tmp/lego/test.log", short)
+            .await?
+            .stdout;
+        let statuses =
+            grade::pytest::parse_junit(&junit, test_files).unwrap_or_else(|| grade::pytest::parse_log(&log));
+        let verdict = grade::swebench::resolve(
+            &statuses,
+            &self.task.fail_to_pass,
+            &self.task.pass_to_pass,
+            exit_code,
+        );
         let mut log_tail = tail(&log, 4000);
         if let Some(note) = &verdict.note {
             log_tail = format!("{note}\n{log_tail}");
         }
-        let reward = if apply.as_deref() == Some("failed") { 0.0 } else { verdict.reward };
-        Ok((reward, GraderResult { tests: statuses, exit_code, apply, log_path: None, log_tail: Some(log_tail) }))
+        let reward = if apply.as_deref() == Some("failed") {
+            0.0
+        } else {
+            verdict.reward
+        };
+        Ok((
+            reward,
+            GraderResult {
+                tests: statuses,
+                exit_code,
+                apply,
+                log_path: None,
+                log_tail: Some(log_tail),
+            },
+        ))
     }
 
     async fn evaluate_harbor(&mut self, tests_dir: &str) -> Result<(f64, GraderResult), SandboxError> {
         let dir = self.task_root.join(tests_dir);
         let mut tar = TarBuilder::new();
         tar.dir("tests");
-        tar.dir_tree(&dir, "tests").map_err(|source| SandboxError::ReadFile { path: dir.clone(), source })?;
-        let prep = self.exec("root", "rm -rf /tests /logs/verifier; mkdir -p /logs/verifier", Duration::from_secs(60)).await?;
+        tar.dir_tree(&dir, "tests")
+            .map_err(|source| SandboxError::ReadFile {
+                path: dir.clone(),
+                source,
+            })?;
+        let prep = self
+            .exec(
+                "root",
+                "rm -rf /tests /logs/verifier; mkdir -p /logs/verifier",
+                Duration::from_secs(60),
+            )
+            .await?;
         if !prep.ok() {
-            return Err(SandboxError::Stage { stage: "evaluate", message: tail(&prep.stderr, 2000) });
+            return Err(SandboxError::Stage {
+                stage: "evaluate",
+                message: tail(&prep.stderr, 2000),
+            });
         }
         self.upload("/", tar.finish()).await?;
-        let out = self.exec("root", "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; echo \"LEGO_EXIT=$?\"", self.limits.eval).await?;
+        let out = self
+            .exec(
+                "root",
+                "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; echo \"LEGO_EXIT=$?\"",
+                self.limits.eval,
+            )
+            .await?;
         if out.timed_out {
-            return Err(SandboxError::Stage { stage: "evaluate", message: "verifier timed out".into() });
+            return Err(SandboxError::Stage {
+                stage: "evaluate",
+                message: "verifier timed out".into(),
+            });
         }
-        let exit_code = out.stdout.lines().find_map(|l| l.strip_prefix("LEGO_EXIT=")).and_then(|c| c.trim().parse().ok());
+        let exit_code = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("LEGO_EXIT="))
+            .and_then(|c| c.trim().parse().ok());
         let short = Duration::from_secs(60);
-        let read = |f: &'static str| format!("if [ -f /logs/verifier/{f} ]; then echo LEGO_PRESENT; cat /logs/verifier/{f}; fi");
+        let read = |f: &'static str| {
+            format!("if [ -f /logs/verifier/{f} ]; then echo LEGO_PRESENT; cat /logs/verifier/{f}; fi")
+        };
         let json = self.exec("root", &read("reward.json"), short).await?.stdout;
         let txt = self.exec("root", &read("reward.txt"), short).await?.stdout;
-        let log = self.exec("root", "tail -c 20000 /logs/verifier/test-stdout.txt", short).await?.stdout;
+        let log = self
+            .exec("root", "tail -c 20000 /logs/verifier/test-stdout.txt", short)
+            .await?
+            .stdout;
         let present = |s: &str| s.strip_prefix("LEGO_PRESENT\n").map(str::to_string);
         let parsed = grade::harbor::parse_reward(present(&json).as_deref(), present(&txt).as_deref())
-            .map_err(|e| SandboxError::Stage { stage: "evaluate", message: e.to_string() })?;
-        let tests = parsed.components.iter().map(|(k, v)| (k.clone(), v.to_string())).collect();
-        Ok((parsed.reward, GraderResult { tests, exit_code, apply: None, log_path: None, log_tail: Some(tail(&log, 4000)) }))
+            .map_err(|e| SandboxError::Stage {
+                stage: "evaluate",
+                message: e.to_string(),
+            })?;
+        let tests = parsed
+            .components
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect();
+        Ok((
+            parsed.reward,
+            GraderResult {
+                tests,
+                exit_code,
+                apply: None,
+                log_path: None,
+                log_tail: Some(tail(&log, 4000)),
+            },
+        ))
     }
 
     /// Removes everything the trial created (stage `cleanup`); safe to call more than once.
     pub async fn cleanup(&mut self) -> Result<(), SandboxError> {
         let start = now();
         let mut first_err = None;
-        for id in [self.eval_container.take(), self.container.take()].into_iter().flatten() {
+        for id in [self.eval_container.take(), self.container.take()]
+            .into_iter()
+            .flatten()
+        {
             if let Err(e) = self.engine.remove_container(&id).await {
                 first_err.get_or_insert(e);
             }
@@ -445,7 +643,9 @@ impl Trial {
         let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
             r.termination = Termination::Infra(stage.to_string());
             r.infra_failure = true;
-            r.agent_log.get_or_insert_with(String::new).push_str(&format!("\n{stage}: {e}"));
+            r.agent_log
+                .get_or_insert_with(String::new)
+                .push_str(&format!("\n{stage}: {e}"));
         };
         'stages: {
             if let Err(e) = self.setup().await {
@@ -495,7 +695,10 @@ impl Drop for Trial {
     /// Backstop for early returns and panics: removal is spawned on the current runtime; the sweep by
     /// label removes whatever this could not.
     fn drop(&mut self) {
-        let ids: Vec<String> = [self.eval_container.take(), self.container.take()].into_iter().flatten().collect();
+        let ids: Vec<String> = [self.eval_container.take(), self.container.take()]
+            .into_iter()
+            .flatten()
+            .collect();
         let net = self.network.take();
         if ids.is_empty() && net.is_none() {
             return;
@@ -540,7 +743,10 @@ mod tests {
         let d = "diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\n-a\n+b\n\
                  diff --git a/tests/conftest.py b/tests/conftest.py\nnew file mode 100644\n";
         let files = diff_files(d);
-        assert_eq!(files.into_iter().collect::<Vec<_>>(), vec!["src/x.py".to_string(), "tests/conftest.py".to_string()]);
+        assert_eq!(
+            files.into_iter().collect::<Vec<_>>(),
+            vec!["src/x.py".to_string(), "tests/conftest.py".to_string()]
+        );
         assert!(is_collection_hook("tests/conftest.py"));
         assert!(is_collection_hook("evil.pth"));
         assert!(is_collection_hook("pyproject.toml"));

@@ -2,8 +2,15 @@
 
 use crate::common::lego;
 
-const SUBCOMMANDS: [&str; 7] =
-    ["filter-tasks", "build-images", "rollout", "align", "train-step", "validate", "report"];
+const SUBCOMMANDS: [&str; 7] = [
+    "filter-tasks",
+    "build-images",
+    "rollout",
+    "align",
+    "train-step",
+    "validate",
+    "report",
+];
 
 #[test]
 fn top_level_help_lists_the_seven_subcommands() {
@@ -11,9 +18,15 @@ fn top_level_help_lists_the_seven_subcommands() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     for sub in SUBCOMMANDS {
-        assert!(text.contains(&format!("  {sub} ")), "--help does not list {sub}:\n{text}");
+        assert!(
+            text.contains(&format!("  {sub} ")),
+            "--help does not list {sub}:\n{text}"
+        );
     }
-    assert!(!text.contains("generate-docs"), "maintainer command must stay hidden");
+    assert!(
+        !text.contains("generate-docs"),
+        "maintainer command must stay hidden"
+    );
 }
 
 #[test]
@@ -23,6 +36,9 @@ fn every_subcommand_help_works_and_shows_an_example() {
         assert!(out.status.success(), "{sub} --help failed");
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains("Example:"), "{sub} --help has no example:\n{text}");
-        assert!(text.contains(&format!("lego-rl {sub}")), "{sub} example does not invoke it");
+        assert!(
+            text.contains(&format!("lego-rl {sub}")),
+            "{sub} example does not invoke it"
+        );
     }
 }

@@ -29,7 +29,11 @@ fn tasks() -> Vec<Task> {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// The engine, or `None` (test skipped) when Docker is unreachable outside CI.
@@ -49,15 +53,29 @@ fn engine(rt: &tokio::runtime::Runtime) -> Option<Engine> {
 fn images() -> &'static HashMap<String, ImageRecord> {
     static IMAGES: OnceLock<HashMap<String, ImageRecord>> = OnceLock::new();
     IMAGES.get_or_init(|| {
-        let have_base = Command::new("docker").args(["image", "inspect", "lego-rl/base:trixie"]).output().is_ok_and(|o| o.status.success());
+        let have_base = Command::new("docker")
+            .args(["image", "inspect", "lego-rl/base:trixie"])
+            .output()
+            .is_ok_and(|o| o.status.success());
         if !have_base {
-            let st = Command::new(root().join("scripts/bootstrap-base-image.sh")).status().expect("bootstrap script runs");
+            let st = Command::new(root().join("scripts/bootstrap-base-image.sh"))
+                .status()
+                .expect("bootstrap script runs");
             assert!(st.success(), "bootstrap-base-image.sh failed");
         }
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sandbox-images.jsonl.zst");
-        let assert = lego().args(["build-images", "-j", "2", "-i"]).arg(task_root().join("tasks.jsonl")).arg("-o").arg(&out).assert();
+        let assert = lego()
+            .args(["build-images", "-j", "2", "-i"])
+            .arg(task_root().join("tasks.jsonl"))
+            .arg("-o")
+            .arg(&out)
+            .assert();
         let output = assert.get_output();
-        assert!(output.status.success(), "build-images failed: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "build-images failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let recs: Vec<ImageRecord> = read_all(&out, ReadOptions::default()).expect("manifest");
         recs.into_iter().map(|r| (r.task_id.clone(), r)).collect()
     })
@@ -72,19 +90,52 @@ fn gold_script(task: &Task) -> String {
     if let Some(p) = &task.gold_patch {
         return format!("echo {} | base64 -d | git apply", b64(p));
     }
-    let dir = task.metadata["solution_dir"].as_str().expect("harbor solution_dir");
+    let dir = task.metadata["solution_dir"]
+        .as_str()
+        .expect("harbor solution_dir");
     let solve = std::fs::read_to_string(task_root().join(dir).join("solve.sh")).expect("solve.sh");
-    format!("echo {} | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh", b64(&solve))
+    format!(
+        "echo {} | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh",
+        b64(&solve)
+    )
 }
 
-async fn trial(engine: &Engine, task: &Task, run: &str, name: &str, limits: TrialLimits, binds: Vec<String>, script: &str) -> TrialResult {
+async fn trial(
+    engine: &Engine,
+    task: &Task,
+    run: &str,
+    name: &str,
+    limits: TrialLimits,
+    binds: Vec<String>,
+    script: &str,
+) -> TrialResult {
     let image = images()[&task.id].image.clone();
-    Trial::new(engine.clone(), task.clone(), task_root(), image, run, name, limits, Vec::new(), binds).run(script).await
+    Trial::new(
+        engine.clone(),
+        task.clone(),
+        task_root(),
+        image,
+        run,
+        name,
+        limits,
+        Vec::new(),
+        binds,
+    )
+    .run(script)
+    .await
 }
 
 async fn assert_no_leftovers(engine: &Engine, run: &str) {
-    assert_eq!(engine.containers_with_label(LABEL_RUN, run).await.expect("list"), Vec::<String>::new(), "containers left");
-    assert_eq!(engine.networks_with_label(LABEL_RUN, run).await.expect("list"), Vec::<String>::new(), "networks left");
+    assert_eq!(
+        engine.containers_with_label(LABEL_RUN, run).await.expect("list"),
+        Vec::<String>::new(),
+        "containers left"
+    );
+    assert_eq!(
+        engine.networks_with_label(LABEL_RUN, run).await.expect("list"),
+        Vec::<String>::new(),
+        "networks left"
+    );
 }
 
 fn run_id(what: &str) -> String {
@@ -97,11 +148,23 @@ fn build_images_second_run_is_all_cache_hits() {
     let Some(_engine) = engine(&rt) else { return };
     let first = images();
     assert_eq!(first.len(), tasks().len());
-    assert!(first.values().all(|r| r.error.is_none() && r.image_id.is_some()), "{first:?}");
-    let swe: BTreeSet<_> = first.values().filter_map(|r| r.environment_image.clone()).collect();
+    assert!(
+        first.values().all(|r| r.error.is_none() && r.image_id.is_some()),
+        "{first:?}"
+    );
+    let swe: BTreeSet<_> = first
+        .values()
+        .filter_map(|r| r.environment_image.clone())
+        .collect();
     assert_eq!(swe.len(), 6, "one environment layer per repository");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sandbox-images-2.jsonl.zst");
-    lego().args(["build-images", "-i"]).arg(task_root().join("tasks.jsonl")).arg("-o").arg(&out).assert().success();
+    lego()
+        .args(["build-images", "-i"])
+        .arg(task_root().join("tasks.jsonl"))
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
     let second: Vec<ImageRecord> = read_all(&out, ReadOptions::default()).expect("manifest");
     for r in &second {
         assert!(r.cache_hit, "{} rebuilt", r.task_id);
@@ -114,21 +177,45 @@ fn build_images_reports_a_failed_build_and_continues() {
     let rt = rt();
     let Some(_engine) = engine(&rt) else { return };
     let dir = tempfile::tempdir().expect("tmp");
-    let good = tasks().into_iter().find(|t| t.id == "harbor__hello-world").expect("hello");
+    let good = tasks()
+        .into_iter()
+        .find(|t| t.id == "harbor__hello-world")
+        .expect("hello");
     let mut bad = good.clone();
     bad.id = "broken".into();
     bad.environment.dockerfile = Some("FROM lego-rl/base:trixie\nRUN exit 7\n".into());
     bad.environment.context = None;
     let mut good = good;
-    good.environment.context = Some(task_root().join("harbor/hello-world/environment").display().to_string());
+    good.environment.context = Some(
+        task_root()
+            .join("harbor/hello-world/environment")
+            .display()
+            .to_string(),
+    );
     let input = dir.path().join("tasks.jsonl");
-    let lines: Vec<String> = [&bad, &good].iter().map(|t| serde_json::to_string(t).expect("json")).collect();
+    let lines: Vec<String> = [&bad, &good]
+        .iter()
+        .map(|t| serde_json::to_string(t).expect("json"))
+        .collect();
     std::fs::write(&input, lines.join("\n") + "\n").expect("write");
     let out = dir.path().join("images.jsonl.zst");
-    lego().args(["build-images", "-i"]).arg(&input).arg("-o").arg(&out).assert().code(1);
+    lego()
+        .args(["build-images", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .code(1);
     let recs: Vec<ImageRecord> = read_all(&out, ReadOptions::default()).expect("manifest");
     assert_eq!(recs.len(), 2);
-    assert!(recs[0].error.as_deref().is_some_and(|e| e.contains("non-zero code") || e.contains("7")), "{:?}", recs[0]);
+    assert!(
+        recs[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("non-zero code") || e.contains("7")),
+        "{:?}",
+        recs[0]
+    );
     let log = std::fs::read_to_string(recs[0].log_path.as_deref().expect("log path")).expect("build log");
     assert!(log.contains("exit 7"), "{log}");
     assert!(recs[1].error.is_none() && recs[1].image_id.is_some());
@@ -142,16 +229,32 @@ fn every_testdata_task_is_valid() {
     assert!(tasks.len() >= 8);
     images();
     let run = run_id("validity");
-    let jobs: Vec<(Task, bool)> = tasks.iter().flat_map(|t| [(t.clone(), false), (t.clone(), true)]).collect();
+    let jobs: Vec<(Task, bool)> = tasks
+        .iter()
+        .flat_map(|t| [(t.clone(), false), (t.clone(), true)])
+        .collect();
     let results: Vec<(String, bool, TrialResult)> = rt.block_on(
         futures::stream::iter(jobs)
             .map(|(task, gold)| {
                 let engine = engine.clone();
                 let run = run.clone();
                 async move {
-                    let script = if gold { gold_script(&task) } else { "true".to_string() };
+                    let script = if gold {
+                        gold_script(&task)
+                    } else {
+                        "true".to_string()
+                    };
                     let name = format!("{}-{}", task.id, if gold { "gold" } else { "none" });
-                    let r = trial(&engine, &task, &run, &name, TrialLimits::for_task(&task), Vec::new(), &script).await;
+                    let r = trial(
+                        &engine,
+                        &task,
+                        &run,
+                        &name,
+                        TrialLimits::for_task(&task),
+                        Vec::new(),
+                        &script,
+                    )
+                    .await;
                     (task.id.clone(), gold, r)
                 }
             })
@@ -159,7 +262,12 @@ fn every_testdata_task_is_valid() {
             .collect(),
     );
     for (id, gold, r) in &results {
-        assert_eq!(r.termination, Termination::Finished, "{id} gold={gold}: {:?}", r.agent_log);
+        assert_eq!(
+            r.termination,
+            Termination::Finished,
+            "{id} gold={gold}: {:?}",
+            r.agent_log
+        );
         assert!(!r.infra_failure);
         let reward = r.reward.expect("graded");
         if id == "harbor__multi-reward" && *gold {
@@ -167,7 +275,12 @@ fn every_testdata_task_is_valid() {
             assert_eq!(r.grader.as_ref().expect("grader").tests["correctness"], "1");
             assert!(reward >= 0.5, "{id}: {reward}");
         } else {
-            assert_eq!(reward, if *gold { 1.0 } else { 0.0 }, "{id} gold={gold}: {:?}", r.grader);
+            assert_eq!(
+                reward,
+                if *gold { 1.0 } else { 0.0 },
+                "{id} gold={gold}: {:?}",
+                r.grader
+            );
         }
         for stage in ["setup", "agent", "extract", "evaluate", "cleanup"] {
             let s = &r.stages[stage];
@@ -175,7 +288,10 @@ fn every_testdata_task_is_valid() {
         }
         if *gold && id != "harbor__hello-world" && id != "harbor__multi-reward" {
             assert!(r.diff.as_deref().is_some_and(|d| d.contains("diff --git")));
-            assert_eq!(r.grader.as_ref().and_then(|g| g.apply.as_deref()), Some("git apply"));
+            assert_eq!(
+                r.grader.as_ref().and_then(|g| g.apply.as_deref()),
+                Some("git apply")
+            );
         }
     }
     rt.block_on(assert_no_leftovers(&engine, &run));
@@ -185,11 +301,24 @@ fn every_testdata_task_is_valid() {
 fn leaked_objects(task: &Task) -> BTreeSet<String> {
     let dir = tempfile::tempdir().expect("tmp");
     let bundle = task_root().join("repos").join(format!("{}.bundle", task.id));
-    let ok = Command::new("git").args(["clone", "-q", "--mirror"]).arg(&bundle).arg(dir.path().join("r")).status().expect("git");
+    let ok = Command::new("git")
+        .args(["clone", "-q", "--mirror"])
+        .arg(&bundle)
+        .arg(dir.path().join("r"))
+        .status()
+        .expect("git");
     assert!(ok.success());
     let base = task.base_commit.as_deref().expect("base");
-    let out = Command::new("git").args(["rev-list", "--objects", "--all", &format!("^{base}")]).current_dir(dir.path().join("r")).output().expect("git");
-    let set: BTreeSet<String> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split(' ').next()).map(str::to_string).collect();
+    let out = Command::new("git")
+        .args(["rev-list", "--objects", "--all", &format!("^{base}")])
+        .current_dir(dir.path().join("r"))
+        .output()
+        .expect("git");
+    let set: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect();
     assert!(set.len() >= 4, "the bundle leaks the fix: {set:?}");
     set
 }
@@ -198,7 +327,10 @@ fn leaked_objects(task: &Task) -> BTreeSet<String> {
 fn gates_hold_from_inside_a_trial() {
     let rt = rt();
     let Some(engine) = engine(&rt) else { return };
-    let task = tasks().into_iter().find(|t| t.id == "xmltodict__attr-namespace").expect("task");
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "xmltodict__attr-namespace")
+        .expect("task");
     images();
     let run = run_id("gates");
     // A canary on this machine, and one in a second container on the default bridge.
@@ -206,21 +338,54 @@ fn gates_hold_from_inside_a_trial() {
     let port = canary.local_addr().expect("addr").port();
     let side = format!("lego-rl-it-canary-{}", std::process::id());
     let st = Command::new("docker")
-        .args(["run", "-d", "--rm", "--name", &side, "--label", &format!("{LABEL_RUN}={run}"), "lego-rl/base:trixie", "python3", "-m", "http.server", "8000"])
+        .args([
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            &side,
+            "--label",
+            &format!("{LABEL_RUN}={run}"),
+            "lego-rl/base:trixie",
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+        ])
         .output()
         .expect("docker run");
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     let side_ip = String::from_utf8_lossy(
-        &Command::new("docker").args(["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &side]).output().expect("inspect").stdout,
+        &Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                &side,
+            ])
+            .output()
+            .expect("inspect")
+            .stdout,
     )
     .trim()
     .to_string();
-    let host_ips = String::from_utf8_lossy(&Command::new("hostname").arg("-I").output().expect("hostname").stdout).to_string();
-    let mut targets: Vec<String> = host_ips.split_whitespace().filter(|ip| !ip.contains(':')).map(|ip| format!("{ip}:{port}")).collect();
+    let host_ips = String::from_utf8_lossy(
+        &Command::new("hostname")
+            .arg("-I")
+            .output()
+            .expect("hostname")
+            .stdout,
+    )
+    .to_string();
+    let mut targets: Vec<String> = host_ips
+        .split_whitespace()
+        .filter(|ip| !ip.contains(':'))
+        .map(|ip| format!("{ip}:{port}"))
+        .collect();
     targets.push(format!("{side_ip}:8000"));
     targets.push(format!("127.0.0.1:{port}"));
     let runtime_dir = tempfile::tempdir().expect("runtime dir");
-    std::fs::write(runtime_dir.path().join("harness.txt"), "runtime").expect("write");
+    std::fs::write(runtime_dir.path().join("harness.txt"), "runtime\n").expect("write");
     let probe = format!(
         r#"
 echo "UID=$(id -u)"
@@ -252,7 +417,7 @@ except OSError:
 print("FORKS=%d" % n)
 os.system("pkill -KILL -u agent sleep; pkill -KILL -P %d" % os.getpid())
 EOF
-python3 -c "b = bytearray(400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null; echo "MEMEXIT=$?"
+python3 -c "b = b'x' * (400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null; echo "MEMEXIT=$?"
 "#,
         targets = targets.join(" "),
     );
@@ -264,13 +429,22 @@ python3 -c "b = bytearray(400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null
     let _ = Command::new("docker").args(["rm", "-f", &side]).output();
     drop(canary);
     let log = r.agent_log.clone().unwrap_or_default();
-    let val = |k: &str| log.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).map(str::to_string).unwrap_or_else(|| panic!("{k} missing in {log}"));
+    let val = |k: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("{k} missing in {log}"))
+    };
     assert_ne!(val("UID"), "0", "agent runs as root");
     assert_eq!(val("COMMITS"), "1", "history not squashed");
     assert_eq!(val("REFS"), "1");
     assert!(val("REFLOG").parse::<u32>().expect("n") <= 1);
     assert_eq!(val("FSCK"), "0");
-    let objs: BTreeSet<String> = log.lines().filter_map(|l| l.strip_prefix("OBJ=")).map(str::to_string).collect();
+    let objs: BTreeSet<String> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("OBJ="))
+        .map(str::to_string)
+        .collect();
     assert!(!objs.is_empty());
     let fix_objects = leaked_objects(&task);
     let leaked: Vec<_> = objs.intersection(&fix_objects).collect();
@@ -282,10 +456,19 @@ python3 -c "b = bytearray(400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null
     assert_eq!(val("DNS"), "failed");
     let net: Vec<&str> = log.lines().filter(|l| l.starts_with("NET=")).collect();
     assert_eq!(net.len(), targets.len(), "{log}");
-    assert!(net.iter().all(|l| l.starts_with("NET=blocked")), "reachable: {net:?}");
-    assert!(val("FORKS").parse::<u32>().expect("forks") < 256, "pids limit did not stop the fork loop");
-    assert_eq!(val("MEMEXIT"), "137", "memory over the limit must be killed: {log}");
-    assert!(!log.contains("MEM=survived"));
+    assert!(
+        net.iter().all(|l| l.starts_with("NET=blocked")),
+        "reachable: {net:?}"
+    );
+    assert!(
+        val("FORKS").parse::<u32>().expect("forks") < 256,
+        "pids limit did not stop the fork loop"
+    );
+    assert_eq!(
+        val("MEMEXIT"),
+        "137",
+        "memory over the limit must be killed: {log}"
+    );
     rt.block_on(assert_no_leftovers(&engine, &run));
 }
 
@@ -293,13 +476,20 @@ python3 -c "b = bytearray(400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null
 fn cheating_diffs_do_not_get_reward() {
     let rt = rt();
     let Some(engine) = engine(&rt) else { return };
-    let task = tasks().into_iter().find(|t| t.id == "inflection__ordinal-teens").expect("task");
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "inflection__ordinal-teens")
+        .expect("task");
     images();
     let run = run_id("cheat");
     let conftest = "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n    \
                     outcome = yield\n    rep = outcome.get_result()\n    rep.outcome = 'passed'\n";
     let cheats = [
-        ("conftest", format!("echo {} | base64 -d > conftest.py", b64(conftest)), "collection_hook"),
+        (
+            "conftest",
+            format!("echo {} | base64 -d > conftest.py", b64(conftest)),
+            "collection_hook",
+        ),
         (
             "edit-tests",
             "mkdir -p tests_lego && printf 'def test_x():\\n    pass\\n' > tests_lego/test_regression.py && \
@@ -309,7 +499,15 @@ fn cheating_diffs_do_not_get_reward() {
         ),
     ];
     for (name, script, audit) in cheats {
-        let r = rt.block_on(trial(&engine, &task, &run, name, TrialLimits::for_task(&task), Vec::new(), &script));
+        let r = rt.block_on(trial(
+            &engine,
+            &task,
+            &run,
+            name,
+            TrialLimits::for_task(&task),
+            Vec::new(),
+            &script,
+        ));
         assert_eq!(r.termination, Termination::Finished, "{name}: {:?}", r.agent_log);
         assert_eq!(r.reward, Some(0.0), "{name} got rewarded: {:?}", r.grader);
         assert!(r.audit.iter().any(|a| a.kind == audit), "{name}: {:?}", r.audit);
@@ -321,26 +519,59 @@ fn cheating_diffs_do_not_get_reward() {
 fn stage_failures_are_classified() {
     let rt = rt();
     let Some(engine) = engine(&rt) else { return };
-    let task = tasks().into_iter().find(|t| t.id == "ordered-set__discard-index").expect("task");
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "ordered-set__discard-index")
+        .expect("task");
     images();
     let run = run_id("classes");
     let mut limits = TrialLimits::for_task(&task);
     limits.agent = Duration::from_secs(3);
-    let r = rt.block_on(trial(&engine, &task, &run, "timeout", limits.clone(), Vec::new(), "sleep 120"));
+    let r = rt.block_on(trial(
+        &engine,
+        &task,
+        &run,
+        "timeout",
+        limits.clone(),
+        Vec::new(),
+        "sleep 120",
+    ));
     assert_eq!(r.termination, Termination::AgentTimeout);
     assert!(!r.infra_failure);
     let agent = &r.stages["agent"];
     assert!(agent.end - agent.start < 60.0, "timeout did not fire: {agent:?}");
-    assert_eq!(r.reward, Some(0.0), "a timed-out trial is still graded on its diff");
+    assert_eq!(
+        r.reward,
+        Some(0.0),
+        "a timed-out trial is still graded on its diff"
+    );
 
-    let r = rt.block_on(trial(&engine, &task, &run, "crash", limits.clone(), Vec::new(), "exit 3"));
+    let r = rt.block_on(trial(
+        &engine,
+        &task,
+        &run,
+        "crash",
+        limits.clone(),
+        Vec::new(),
+        "exit 3",
+    ));
     assert_eq!(r.termination, Termination::AgentCrash);
     assert!(!r.infra_failure);
 
     // A missing image is an infrastructure failure of the setup stage, with exactly one result.
     let r = rt.block_on(
-        Trial::new(engine.clone(), task.clone(), task_root(), "lego-rl/does-not-exist:0".into(), &run, "noimage", limits.clone(), Vec::new(), Vec::new())
-            .run("true"),
+        Trial::new(
+            engine.clone(),
+            task.clone(),
+            task_root(),
+            "lego-rl/does-not-exist:0".into(),
+            &run,
+            "noimage",
+            limits.clone(),
+            Vec::new(),
+            Vec::new(),
+        )
+        .run("true"),
     );
     assert_eq!(r.termination, Termination::Infra("setup".into()));
     assert!(r.infra_failure && r.reward.is_none());
@@ -352,7 +583,11 @@ fn stage_failures_are_classified() {
         let engine2 = engine.clone();
         let killer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(4)).await;
-            for id in engine2.containers_with_label("lego-rl.trial", name).await.expect("list") {
+            for id in engine2
+                .containers_with_label("lego-rl.trial", name)
+                .await
+                .expect("list")
+            {
                 engine2.remove_container(&id).await.expect("rm");
             }
             let _ = killer_run;
@@ -364,7 +599,11 @@ fn stage_failures_are_classified() {
         r
     });
     assert!(r.infra_failure, "{:?}", r.termination);
-    assert!(matches!(r.termination, Termination::Infra(ref s) if s == "agent" || s == "extract"), "{:?}", r.termination);
+    assert!(
+        matches!(r.termination, Termination::Infra(ref s) if s == "agent" || s == "extract"),
+        "{:?}",
+        r.termination
+    );
     rt.block_on(assert_no_leftovers(&engine, &run));
 }
 
@@ -373,14 +612,34 @@ fn sweep_removes_labelled_leftovers() {
     let rt = rt();
     let Some(engine) = engine(&rt) else { return };
     let run = run_id("sweep");
-    let task = tasks().into_iter().find(|t| t.id == "harbor__hello-world").expect("task");
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "harbor__hello-world")
+        .expect("task");
     let image = images()[&task.id].image.clone();
     rt.block_on(async {
-        let mut t = Trial::new(engine.clone(), task.clone(), task_root(), image, &run, "left", TrialLimits::for_task(&task), Vec::new(), Vec::new());
+        let mut t = Trial::new(
+            engine.clone(),
+            task.clone(),
+            task_root(),
+            image,
+            &run,
+            "left",
+            TrialLimits::for_task(&task),
+            Vec::new(),
+            Vec::new(),
+        );
         t.setup().await.expect("setup");
         // Simulate a crashed process: forget the trial without cleanup.
         std::mem::forget(t);
-        assert_eq!(engine.containers_with_label(LABEL_RUN, &run).await.expect("list").len(), 1);
+        assert_eq!(
+            engine
+                .containers_with_label(LABEL_RUN, &run)
+                .await
+                .expect("list")
+                .len(),
+            1
+        );
         assert_eq!(engine.sweep(Some(&run)).await.expect("sweep"), 2);
         assert_no_leftovers(&engine, &run).await;
     });
