@@ -189,6 +189,11 @@ async fn build_logged(
     Ok((id, false, log_path))
 }
 
+/// An environment layer's build: (image id, cache hit, log, seconds) or the error text.
+type EnvBuild = Result<(String, bool, PathBuf, f64), String>;
+/// A task image's build: (tag, image id, cache hit, log) or the error text.
+type TaskBuild = Result<(String, String, bool, Option<PathBuf>), String>;
+
 /// Builds (or finds) every task's image; returns one record per task, in input order.
 pub async fn build_images(
     engine: &Engine,
@@ -218,7 +223,7 @@ pub async fn build_images(
         }
         plans.push(p);
     }
-    let env_results: HashMap<String, Result<(String, bool, PathBuf, f64), String>> = {
+    let env_results: HashMap<String, EnvBuild> = {
         let futs = envs.into_iter().map(|(tag, dockerfile)| {
             let sem = sem.clone();
             async move {
@@ -253,7 +258,7 @@ pub async fn build_images(
                 log_path: None,
                 error: None,
             };
-            let result: Result<(String, String, bool, Option<PathBuf>), String> = async {
+            let result: TaskBuild = async {
                 match p.map_err(|e| e.to_string())? {
                     Plan::Prebuilt(image) => {
                         let id = engine.image_id(&image).await.map_err(|e| e.to_string())?;

@@ -469,6 +469,8 @@ python3 -c "b = b'x' * (400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null; 
         "137",
         "memory over the limit must be killed: {log}"
     );
+    // bash reports the killed command line on stderr, so look for the print at a line start.
+    assert!(!log.lines().any(|l| l.starts_with("MEM=survived")), "{log}");
     rt.block_on(assert_no_leftovers(&engine, &run));
 }
 
