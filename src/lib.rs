@@ -12,5 +12,7 @@ pub mod harness;
 pub mod io;
 pub mod records;
 pub mod tasks;
+pub mod grade;
+pub mod sandbox;
 pub mod ui;
 pub mod validate;

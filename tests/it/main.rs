@@ -5,3 +5,4 @@ mod common;
 mod docs;
 mod filter_tasks;
 mod io;
+mod sandbox;

@@ -1,0 +1,23 @@
+//! Grading: turn what a test run left behind into a reward, with the semantics of the task's source.
+//!
+//! - [`swebench`]: per-test statuses from pytest's JUnit XML (preferred) or its `-rA` summary
+//!   ([`pytest`]); reward 1 iff every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed or
+//!   was skipped (SWE-bench's RESOLVED_FULL). No evidence that the suite ran is never a pass.
+//! - [`harbor`]: `/logs/verifier/reward.json` then `reward.txt`; a missing or non-finite reward is an
+//!   error (the trial is an infra failure), not 0.
+//!
+//! Pure functions over text, so they are unit-tested without containers; `sandbox::trial` runs the
+//! commands and feeds the outputs here.
+
+pub mod harbor;
+pub mod pytest;
+pub mod swebench;
+
+/// Why a trial could not be graded.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum GradeError {
+    #[error("no reward file: neither reward.json nor reward.txt was written")]
+    MissingReward,
+    #[error("reward file {file}: {message}")]
+    BadReward { file: &'static str, message: String },
+}

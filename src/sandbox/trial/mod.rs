@@ -1,0 +1,530 @@
+//! One trial's container lifecycle: setup → agent → extract → evaluate → cleanup, each stage timed,
+//! time-limited and classified, so every trial yields exactly one [`TrialResult`].
+//!
+//! - setup: a container from the task image on its own internal network (no host address, no route
+//!   out), non-root `agent` user, pids/memory/CPU limits, no Docker socket; the repository reset to the
+//!   base commit and its history squashed to a single fresh commit (`rm -rf .git; git init`), so no
+//!   ref, reflog, stash or object of the fix exists; files of the test patch are at their pre-patch
+//!   state (absent when the patch creates them).
+//! - agent: the caller's command, as `agent`, under the agent time limit.
+//! - extract: `git add -A; git diff --binary <squashed base>` (binary-safe).
+//! - evaluate: SWE-style tasks in a *fresh* container from the pristine image with no network: apply
+//!   the diff (`git apply`, `--3way`, `--reject`, `patch --fuzz=5`), restore every protected test file,
+//!   revert agent-added collection hooks (conftest.py, pytest.ini, ...; flagged as audit events), apply
+//!   the test patch, run the tests, grade ([`crate::grade`]). Harbor tasks run `/tests/test.sh` in the
+//!   trial container, as Harbor does.
+//! - cleanup: containers and network removed on every path (a sweep by label catches the rest).
+//!
+//! The evaluate stage lives in [`evaluate`].
+//!
+//! Failure classes: engine or setup problems are `infra:<stage>` (weight 0 in training); the agent's
+//! own outcomes are `finished`, `agent_timeout`, `agent_crash`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+mod evaluate;
+
+use super::images::{slug, DEFAULT_WORKDIR};
+use super::{ContainerSpec, Engine, ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
+use crate::records::{AuditEvent, Grader, GraderResult, StageTiming, Task, Termination};
+
+/// Resource limits and stage time limits of one trial.
+#[derive(Debug, Clone)]
+pub struct TrialLimits {
+    pub memory_bytes: i64,
+    pub nano_cpus: i64,
+    pub pids: i64,
+    pub setup: Duration,
+    pub agent: Duration,
+    pub eval: Duration,
+}
+
+impl TrialLimits {
+    /// Limits from the task's timeouts with 4 GiB, 1 CPU and 512 processes.
+    pub fn for_task(task: &Task) -> Self {
+        TrialLimits {
+            memory_bytes: 4 << 30,
+            nano_cpus: 1_000_000_000,
+            pids: 512,
+            setup: Duration::from_secs_f64(task.timeouts.setup_s.max(1.0)),
+            agent: Duration::from_secs_f64(task.timeouts.agent_s.max(1.0)),
+            eval: Duration::from_secs_f64(task.timeouts.eval_s.max(1.0)),
+        }
+    }
+}
+
+/// How the agent stage ended (as the sandbox sees it; harness adapters may refine it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentOutcome {
+    Finished,
+    Timeout,
+    /// Non-zero exit (137 = killed, e.g. by the OOM killer).
+    Crash(Option<i64>),
+}
+
+/// Everything a trial produced, mapping onto the Trajectory record's fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialResult {
+    pub termination: Termination,
+    pub infra_failure: bool,
+    pub reward: Option<f64>,
+    pub grader: Option<GraderResult>,
+    pub stages: BTreeMap<String, StageTiming>,
+    pub audit: Vec<AuditEvent>,
+    pub diff: Option<String>,
+    /// Agent stage output (tail), for logs.
+    pub agent_log: Option<String>,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let start = s.len().saturating_sub(n);
+    let mut i = start;
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    s[i..].to_string()
+}
+
+/// Files a unified diff touches (`diff --git a/X b/Y` → X and Y).
+pub fn diff_files(diff: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in diff.lines() {
+        if let Some(rest) = line.strip_prefix("diff --git ") {
+            for part in rest.split(' ') {
+                if let Some(p) = part.strip_prefix("a/").or_else(|| part.strip_prefix("b/")) {
+                    out.insert(p.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// True for files that can change what pytest collects or how Python starts.
+pub fn is_collection_hook(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    matches!(
+        name,
+        "conftest.py"
+            | "pytest.ini"
+            | "tox.ini"
+            | "setup.cfg"
+            | "pyproject.toml"
+            | "sitecustomize.py"
+            | "usercustomize.py"
+    ) || name.ends_with(".pth")
+}
+
+/// One trial: the container(s) and network it owns and what happened so far.
+pub struct Trial {
+    engine: Engine,
+    pub task: Task,
+    task_root: PathBuf,
+    image: String,
+    run_id: String,
+    trial_id: String,
+    limits: TrialLimits,
+    env: Vec<String>,
+    binds: Vec<String>,
+    workdir: String,
+    container: Option<String>,
+    network: Option<String>,
+    eval_container: Option<String>,
+    base_hash: Option<String>,
+    pub stages: BTreeMap<String, StageTiming>,
+    pub audit: Vec<AuditEvent>,
+}
+
+impl Trial {
+    /// A trial of `task` on `image`; nothing is created until [`Trial::setup`].
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "plain constructor of a record-like struct"
+    )]
+    pub fn new(
+        engine: Engine,
+        task: Task,
+        task_root: PathBuf,
+        image: String,
+        run_id: &str,
+        trial_id: &str,
+        limits: TrialLimits,
+        env: Vec<String>,
+        binds: Vec<String>,
+    ) -> Self {
+        let workdir = task
+            .environment
+            .workdir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_WORKDIR.to_string());
+        Trial {
+            engine,
+            task,
+            task_root,
+            image,
+            run_id: run_id.to_string(),
+            trial_id: trial_id.to_string(),
+            limits,
+            env,
+            binds,
+            workdir,
+            container: None,
+            network: None,
+            eval_container: None,
+            base_hash: None,
+            stages: BTreeMap::new(),
+            audit: Vec::new(),
+        }
+    }
+
+    fn name(&self, suffix: &str) -> String {
+        format!("lego-rl-{}-{}{suffix}", slug(&self.run_id), slug(&self.trial_id))
+    }
+
+    fn labels(&self) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_RUN.to_string(), self.run_id.clone()),
+            (LABEL_TRIAL.to_string(), self.trial_id.clone()),
+        ])
+    }
+
+    fn record(&mut self, stage: &str, start: f64, outcome: &str) {
+        self.stages.insert(
+            stage.to_string(),
+            StageTiming {
+                start,
+                end: now(),
+                outcome: outcome.to_string(),
+            },
+        );
+    }
+
+    /// The trial container's id (after setup).
+    pub fn container(&self) -> Option<&str> {
+        self.container.as_deref()
+    }
+
+    fn is_swebench(&self) -> bool {
+        matches!(self.task.grader, Some(Grader::Swebench { .. }))
+    }
+
+    /// Runs `script` in the trial container as `user` (used by setup, tests and harness adapters).
+    pub async fn exec(
+        &self,
+        user: &str,
+        script: &str,
+        timeout: Duration,
+    ) -> Result<ExecOutput, SandboxError> {
+        let id = self.container.as_deref().ok_or(SandboxError::Stage {
+            stage: "exec",
+            message: "no container".into(),
+        })?;
+        self.engine
+            .exec(id, user, &self.workdir, &self.env, script, timeout)
+            .await
+    }
+
+    /// Copies `files` (path → bytes, relative to `dest`) into the trial container.
+    pub async fn upload(&self, dest: &str, tar: Vec<u8>) -> Result<(), SandboxError> {
+        let id = self.container.as_deref().ok_or(SandboxError::Stage {
+            stage: "upload",
+            message: "no container".into(),
+        })?;
+        self.engine.upload(id, dest, tar).await
+    }
+
+    async fn setup_inner(&mut self) -> Result<(), SandboxError> {
+        if self.engine.image_id(&self.image).await?.is_none() {
+            return Err(SandboxError::ImageMissing {
+                image: self.image.clone(),
+            });
+        }
+        let net = self.name("-net");
+        self.engine.create_network(&net, self.labels()).await?;
+        self.network = Some(net.clone());
+        let spec = ContainerSpec {
+            name: self.name(""),
+            image: self.image.clone(),
+            labels: self.labels(),
+            env: self.env.clone(),
+            network: net,
+            memory_bytes: Some(self.limits.memory_bytes),
+            nano_cpus: Some(self.limits.nano_cpus),
+            pids_limit: Some(self.limits.pids),
+            binds: self.binds.clone(),
+        };
+        let id = self.engine.create_container(&spec).await?;
+        self.container = Some(id.clone());
+        self.engine.start_container(&id).await?;
+        let wd = sh_quote(&self.workdir);
+        let script = if self.is_swebench() {
+            let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
+            format!(
+                "set -e; cd {wd}; git reset -q --hard {base}; git clean -qfdx; rm -rf .git; \
+                 git init -q -b main; git add -A; \
+                 GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z \
+                 git -c user.name=lego-rl -c user.email=lego-rl@localhost commit -q --no-verify --allow-empty -m base; \
+                 chown -R {AGENT_USER}:{AGENT_USER} {wd}; git rev-parse HEAD"
+            )
+        } else {
+            format!("set -e; mkdir -p {wd} /logs/agent; chown -R {AGENT_USER}:{AGENT_USER} {wd} /logs/agent; echo none")
+        };
+        let out = self
+            .engine
+            .exec(&id, "root", "/", &[], &script, self.limits.setup)
+            .await?;
+        if !out.ok() {
+            return Err(SandboxError::Stage {
+                stage: "setup",
+                message: format!(
+                    "exit {:?}{}: {}",
+                    out.exit_code,
+                    if out.timed_out { " (timed out)" } else { "" },
+                    tail(&out.stderr, 2000)
+                ),
+            });
+        }
+        self.base_hash = Some(out.stdout.trim().to_string()).filter(|h| h != "none");
+        Ok(())
+    }
+
+    /// Creates and prepares the trial container (stage `setup`).
+    pub async fn setup(&mut self) -> Result<(), SandboxError> {
+        let start = now();
+        let r = tokio::time::timeout(self.limits.setup + Duration::from_secs(30), self.setup_inner())
+            .await
+            .unwrap_or_else(|_| {
+                Err(SandboxError::Stage {
+                    stage: "setup",
+                    message: "timed out".into(),
+                })
+            });
+        self.record("setup", start, if r.is_ok() { "ok" } else { "error" });
+        r
+    }
+
+    /// Runs the agent's command as the agent user under the agent time limit (stage `agent`).
+    pub async fn run_agent(&mut self, script: &str) -> Result<(AgentOutcome, ExecOutput), SandboxError> {
+        let start = now();
+        let r = self.exec(AGENT_USER, script, self.limits.agent).await;
+        let outcome = match &r {
+            Err(_) => "error".to_string(),
+            Ok(o) if o.timed_out => "timeout".into(),
+            Ok(o) if o.exit_code == Some(0) => "ok".into(),
+            Ok(o) => format!("exit {:?}", o.exit_code),
+        };
+        self.record("agent", start, &outcome);
+        let out = r?;
+        let kind = if out.timed_out {
+            AgentOutcome::Timeout
+        } else if out.exit_code == Some(0) {
+            AgentOutcome::Finished
+        } else {
+            AgentOutcome::Crash(out.exit_code)
+        };
+        Ok((kind, out))
+    }
+
+    /// The agent's change against the squashed base, binary-safe (stage `extract`).
+    pub async fn extract(&mut self) -> Result<String, SandboxError> {
+        let start = now();
+        let r = async {
+            let Some(base) = self.base_hash.clone() else {
+                return Ok(String::new());
+            };
+            // Run as the agent user with hooks and fsmonitor off: the repository is agent-controlled.
+            let script = format!(
+                "git -c core.hooksPath=/dev/null -c core.fsmonitor=false add -A >/dev/null && \
+                 git -c core.fsmonitor=false diff --cached --binary --no-color --no-ext-diff {base}"
+            );
+            let out = self.exec(AGENT_USER, &script, self.limits.setup).await?;
+            if !out.ok() {
+                return Err(SandboxError::Stage {
+                    stage: "extract",
+                    message: tail(&out.stderr, 2000),
+                });
+            }
+            Ok(out.stdout)
+        }
+        .await;
+        self.record("extract", start, if r.is_ok() { "ok" } else { "error" });
+        r
+    }
+
+    /// Grades the trial (stage `evaluate`); returns (reward, grader details).
+    pub async fn evaluate(&mut self, diff: &str) -> Result<(f64, GraderResult), SandboxError> {
+        let start = now();
+        let r = match self.task.grader.clone() {
+            Some(Grader::Swebench { test_cmd, test_files }) => {
+                self.evaluate_swebench(diff, &test_cmd, &test_files).await
+            }
+            Some(Grader::Harbor { tests_dir }) => self.evaluate_harbor(&tests_dir).await,
+            None => Err(SandboxError::Stage {
+                stage: "evaluate",
+                message: format!("task {} has no grader", self.task.id),
+            }),
+        };
+        self.record("evaluate", start, if r.is_ok() { "ok" } else { "error" });
+        r
+    }
+
+    /// Removes everything the trial created (stage `cleanup`); safe to call more than once.
+    pub async fn cleanup(&mut self) -> Result<(), SandboxError> {
+        let start = now();
+        let mut first_err = None;
+        for id in [self.eval_container.take(), self.container.take()]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = self.engine.remove_container(&id).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(net) = self.network.take() {
+            if let Err(e) = self.engine.remove_network(&net).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.record("cleanup", start, if first_err.is_none() { "ok" } else { "error" });
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Runs the whole lifecycle with `agent_script` as the agent; always returns one result and
+    /// always cleans up.
+    pub async fn run(mut self, agent_script: &str) -> TrialResult {
+        let mut result = TrialResult {
+            termination: Termination::Finished,
+            infra_failure: false,
+            reward: None,
+            grader: None,
+            stages: BTreeMap::new(),
+            audit: Vec::new(),
+            diff: None,
+            agent_log: None,
+        };
+        let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
+            r.termination = Termination::Infra(stage.to_string());
+            r.infra_failure = true;
+            r.agent_log
+                .get_or_insert_with(String::new)
+                .push_str(&format!("\n{stage}: {e}"));
+        };
+        'stages: {
+            if let Err(e) = self.setup().await {
+                infra("setup", e, &mut result);
+                break 'stages;
+            }
+            match self.run_agent(agent_script).await {
+                Err(e) => {
+                    infra("agent", e, &mut result);
+                    break 'stages;
+                }
+                Ok((outcome, out)) => {
+                    result.agent_log = Some(tail(&format!("{}{}", out.stdout, out.stderr), 8000));
+                    result.termination = match outcome {
+                        AgentOutcome::Finished => Termination::Finished,
+                        AgentOutcome::Timeout => Termination::AgentTimeout,
+                        AgentOutcome::Crash(_) => Termination::AgentCrash,
+                    };
+                }
+            }
+            let diff = match self.extract().await {
+                Ok(d) => d,
+                Err(e) => {
+                    infra("extract", e, &mut result);
+                    break 'stages;
+                }
+            };
+            result.diff = Some(diff.clone()).filter(|d| !d.is_empty());
+            match self.evaluate(&diff).await {
+                Ok((reward, details)) => {
+                    result.reward = Some(reward);
+                    result.grader = Some(details);
+                }
+                Err(e) => infra("evaluate", e, &mut result),
+            }
+        }
+        if let Err(e) = self.cleanup().await {
+            tracing::warn!("trial {}: cleanup: {e}", self.trial_id);
+        }
+        result.stages = std::mem::take(&mut self.stages);
+        result.audit = std::mem::take(&mut self.audit);
+        result
+    }
+}
+
+impl Drop for Trial {
+    /// Backstop for early returns and panics: removal is spawned on the current runtime; the sweep by
+    /// label removes whatever this could not.
+    fn drop(&mut self) {
+        let ids: Vec<String> = [self.eval_container.take(), self.container.take()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let net = self.network.take();
+        if ids.is_empty() && net.is_none() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let engine = self.engine.clone();
+            handle.spawn(async move {
+                for id in ids {
+                    let _ = engine.remove_container(&id).await;
+                }
+                if let Some(n) = net {
+                    let _ = engine.remove_network(&n).await;
+                }
+            });
+        }
+    }
+}
+
+/// On SIGINT/SIGTERM: remove every object of `run_id`, then exit 130. Call once per process.
+pub fn install_signal_sweep(engine: Engine, run_id: String) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let n = engine.sweep(Some(&run_id)).await.unwrap_or(0);
+        eprintln!("lego-rl: interrupted; removed {n} sandbox objects of run {run_id}");
+        std::process::exit(130);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_files_and_hooks() {
+        let d = "diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\n-a\n+b\n\
+                 diff --git a/tests/conftest.py b/tests/conftest.py\nnew file mode 100644\n";
+        let files = diff_files(d);
+        assert_eq!(
+            files.into_iter().collect::<Vec<_>>(),
+            vec!["src/x.py".to_string(), "tests/conftest.py".to_string()]
+        );
+        assert!(is_collection_hook("tests/conftest.py"));
+        assert!(is_collection_hook("evil.pth"));
+        assert!(is_collection_hook("pyproject.toml"));
+        assert!(!is_collection_hook("src/conftest_helper.py"));
+    }
+}

@@ -1,0 +1,13 @@
+#!/bin/bash
+# Adapted from Harbor's multi-reward recipe: the base image already has pytest (no network in the verifier).
+mkdir -p /logs/verifier
+correctness=0
+performance=0
+
+python3 -m pytest -p no:cacheprovider /tests/test_correctness.py -rA && correctness=1
+python3 -m pytest -p no:cacheprovider /tests/test_performance.py -rA && performance=1
+
+python3 -c "
+import json
+json.dump({'correctness': $correctness, 'performance': $performance}, open('/logs/verifier/reward.json', 'w'))
+"

@@ -1,0 +1,648 @@
+//! Sandboxes on the real Docker engine: build-images, task validity (no patch → 0, gold → 1),
+//! isolation gates probed from inside a trial as the agent user, cheating diffs, stage timeouts and
+//! failure classes, and cleanup by label. Fails loudly when Docker is missing and `CI` is set.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::StreamExt;
+use lego_rl::io::{read_all, ReadOptions};
+use lego_rl::records::{ImageRecord, Task, Termination};
+use lego_rl::sandbox::{Engine, Trial, TrialLimits, TrialResult, LABEL_RUN};
+
+use crate::common::lego;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn task_root() -> PathBuf {
+    root().join("testdata/tasks")
+}
+
+fn tasks() -> Vec<Task> {
+    read_all(&task_root().join("tasks.jsonl"), ReadOptions::default()).expect("testdata tasks")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The engine, or `None` (test skipped) when Docker is unreachable outside CI.
+fn engine(rt: &tokio::runtime::Runtime) -> Option<Engine> {
+    match rt.block_on(Engine::connect()) {
+        Ok(e) => Some(e),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("Docker is required under CI: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED: no Docker engine ({e})");
+            None
+        }
+    }
+}
+
+/// Builds every testdata image once per test binary (through the CLI), bootstrapping the base image
+/// when the engine lacks it.
+fn images() -> &'static HashMap<String, ImageRecord> {
+    static IMAGES: OnceLock<HashMap<String, ImageRecord>> = OnceLock::new();
+    IMAGES.get_or_init(|| {
+        let have_base = Command::new("docker")
+            .args(["image", "inspect", "lego-rl/base:trixie"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have_base {
+            let st = Command::new(root().join("scripts/bootstrap-base-image.sh"))
+                .status()
+                .expect("bootstrap script runs");
+            assert!(st.success(), "bootstrap-base-image.sh failed");
+        }
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sandbox-images.jsonl.zst");
+        let assert = lego()
+            .args(["build-images", "-j", "2", "-i"])
+            .arg(task_root().join("tasks.jsonl"))
+            .arg("-o")
+            .arg(&out)
+            .assert();
+        let output = assert.get_output();
+        assert!(
+            output.status.success(),
+            "build-images failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let recs: Vec<ImageRecord> = read_all(&out, ReadOptions::default()).expect("manifest");
+        recs.into_iter().map(|r| (r.task_id.clone(), r)).collect()
+    })
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// An agent script that applies the task's reference solution.
+fn gold_script(task: &Task) -> String {
+    if let Some(p) = &task.gold_patch {
+        return format!("echo {} | base64 -d | git apply", b64(p));
+    }
+    let dir = task.metadata["solution_dir"]
+        .as_str()
+        .expect("harbor solution_dir");
+    let solve = std::fs::read_to_string(task_root().join(dir).join("solve.sh")).expect("solve.sh");
+    format!(
+        "echo {} | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh",
+        b64(&solve)
+    )
+}
+
+async fn trial(
+    engine: &Engine,
+    task: &Task,
+    run: &str,
+    name: &str,
+    limits: TrialLimits,
+    binds: Vec<String>,
+    script: &str,
+) -> TrialResult {
+    let image = images()[&task.id].image.clone();
+    Trial::new(
+        engine.clone(),
+        task.clone(),
+        task_root(),
+        image,
+        run,
+        name,
+        limits,
+        Vec::new(),
+        binds,
+    )
+    .run(script)
+    .await
+}
+
+async fn assert_no_leftovers(engine: &Engine, run: &str) {
+    assert_eq!(
+        engine.containers_with_label(LABEL_RUN, run).await.expect("list"),
+        Vec::<String>::new(),
+        "containers left"
+    );
+    assert_eq!(
+        engine.networks_with_label(LABEL_RUN, run).await.expect("list"),
+        Vec::<String>::new(),
+        "networks left"
+    );
+}
+
+fn run_id(what: &str) -> String {
+    format!("it-{what}-{}", std::process::id())
+}
+
+#[test]
+fn build_images_second_run_is_all_cache_hits() {
+    let rt = rt();
+    let Some(_engine) = engine(&rt) else { return };
+    let first = images();
+    assert_eq!(first.len(), tasks().len());
+    assert!(
+        first.values().all(|r| r.error.is_none() && r.image_id.is_some()),
+        "{first:?}"
+    );
+    let swe: BTreeSet<_> = first
+        .values()
+        .filter_map(|r| r.environment_image.clone())
+        .collect();
+    assert_eq!(swe.len(), 6, "one environment layer per repository");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sandbox-images-2.jsonl.zst");
+    lego()
+        .args(["build-images", "-i"])
+        .arg(task_root().join("tasks.jsonl"))
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let second: Vec<ImageRecord> = read_all(&out, ReadOptions::default()).expect("manifest");
+    for r in &second {
+        assert!(r.cache_hit, "{} rebuilt", r.task_id);
+        assert_eq!(r.image, first[&r.task_id].image, "tag of {} changed", r.task_id);
+    }
+}
+
+#[test]
+fn build_images_reports_a_failed_build_and_continues() {
+    let rt = rt();
+    let Some(_engine) = engine(&rt) else { return };
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = tasks()
+        .into_iter()
+        .find(|t| t.id == "harbor__hello-world")
+        .expect("hello");
+    let mut bad = good.clone();
+    bad.id = "broken".into();
+    bad.environment.dockerfile = Some("FROM lego-rl/base:trixie\nRUN exit 7\n".into());
+    bad.environment.context = None;
+    let mut good = good;
+    good.environment.context = Some(
+        task_root()
+            .join("harbor/hello-world/environment")
+            .display()
+            .to_string(),
+    );
+    let input = dir.path().join("tasks.jsonl");
+    let lines: Vec<String> = [&bad, &good]
+        .iter()
+        .map(|t| serde_json::to_string(t).expect("json"))
+        .collect();
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write");
+    let out = dir.path().join("images.jsonl.zst");
+    lego()
+        .args(["build-images", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .code(1);
+    let recs: Vec<ImageRecord> = read_all(&out, ReadOptions::default()).expect("manifest");
+    assert_eq!(recs.len(), 2);
+    assert!(
+        recs[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("non-zero code") || e.contains("7")),
+        "{:?}",
+        recs[0]
+    );
+    let log = std::fs::read_to_string(recs[0].log_path.as_deref().expect("log path")).expect("build log");
+    assert!(log.contains("exit 7"), "{log}");
+    assert!(recs[1].error.is_none() && recs[1].image_id.is_some());
+}
+
+#[test]
+fn every_testdata_task_is_valid() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let tasks = tasks();
+    assert!(tasks.len() >= 8);
+    images();
+    let run = run_id("validity");
+    let jobs: Vec<(Task, bool)> = tasks
+        .iter()
+        .flat_map(|t| [(t.clone(), false), (t.clone(), true)])
+        .collect();
+    let results: Vec<(String, bool, TrialResult)> = rt.block_on(
+        futures::stream::iter(jobs)
+            .map(|(task, gold)| {
+                let engine = engine.clone();
+                let run = run.clone();
+                async move {
+                    let script = if gold {
+                        gold_script(&task)
+                    } else {
+                        "true".to_string()
+                    };
+                    let name = format!("{}-{}", task.id, if gold { "gold" } else { "none" });
+                    let r = trial(
+                        &engine,
+                        &task,
+                        &run,
+                        &name,
+                        TrialLimits::for_task(&task),
+                        Vec::new(),
+                        &script,
+                    )
+                    .await;
+                    (task.id.clone(), gold, r)
+                }
+            })
+            .buffer_unordered(3)
+            .collect(),
+    );
+    for (id, gold, r) in &results {
+        assert_eq!(
+            r.termination,
+            Termination::Finished,
+            "{id} gold={gold}: {:?}",
+            r.agent_log
+        );
+        assert!(!r.infra_failure);
+        let reward = r.reward.expect("graded");
+        if id == "harbor__multi-reward" && *gold {
+            // Its performance dimension is a wall-clock bound (< 2 s); correctness must hold.
+            assert_eq!(r.grader.as_ref().expect("grader").tests["correctness"], "1");
+            assert!(reward >= 0.5, "{id}: {reward}");
+        } else {
+            assert_eq!(
+                reward,
+                if *gold { 1.0 } else { 0.0 },
+                "{id} gold={gold}: {:?}",
+                r.grader
+            );
+        }
+        for stage in ["setup", "agent", "extract", "evaluate", "cleanup"] {
+            let s = &r.stages[stage];
+            assert!(s.end >= s.start && s.outcome == "ok", "{id} {stage}: {s:?}");
+        }
+        if *gold && id != "harbor__hello-world" && id != "harbor__multi-reward" {
+            assert!(r.diff.as_deref().is_some_and(|d| d.contains("diff --git")));
+            assert_eq!(
+                r.grader.as_ref().and_then(|g| g.apply.as_deref()),
+                Some("git apply")
+            );
+        }
+    }
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+/// Objects added to the repository after the base commit (the fix and everything later).
+fn leaked_objects(task: &Task) -> BTreeSet<String> {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bundle = task_root().join("repos").join(format!("{}.bundle", task.id));
+    let ok = Command::new("git")
+        .args(["clone", "-q", "--mirror"])
+        .arg(&bundle)
+        .arg(dir.path().join("r"))
+        .status()
+        .expect("git");
+    assert!(ok.success());
+    let base = task.base_commit.as_deref().expect("base");
+    let out = Command::new("git")
+        .args(["rev-list", "--objects", "--all", &format!("^{base}")])
+        .current_dir(dir.path().join("r"))
+        .output()
+        .expect("git");
+    let set: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect();
+    assert!(set.len() >= 4, "the bundle leaks the fix: {set:?}");
+    set
+}
+
+#[test]
+fn gates_hold_from_inside_a_trial() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "xmltodict__attr-namespace")
+        .expect("task");
+    images();
+    let run = run_id("gates");
+    // A canary on this machine, and one in a second container on the default bridge.
+    let canary = std::net::TcpListener::bind("0.0.0.0:0").expect("canary");
+    let port = canary.local_addr().expect("addr").port();
+    let side = format!("lego-rl-it-canary-{}", std::process::id());
+    let st = Command::new("docker")
+        .args([
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            &side,
+            "--label",
+            &format!("{LABEL_RUN}={run}"),
+            "lego-rl/base:trixie",
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+        ])
+        .output()
+        .expect("docker run");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let side_ip = String::from_utf8_lossy(
+        &Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                &side,
+            ])
+            .output()
+            .expect("inspect")
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    let host_ips = String::from_utf8_lossy(
+        &Command::new("hostname")
+            .arg("-I")
+            .output()
+            .expect("hostname")
+            .stdout,
+    )
+    .to_string();
+    let mut targets: Vec<String> = host_ips
+        .split_whitespace()
+        .filter(|ip| !ip.contains(':'))
+        .map(|ip| format!("{ip}:{port}"))
+        .collect();
+    targets.push(format!("{side_ip}:8000"));
+    targets.push(format!("127.0.0.1:{port}"));
+    let runtime_dir = tempfile::tempdir().expect("runtime dir");
+    std::fs::write(runtime_dir.path().join("harness.txt"), "runtime\n").expect("write");
+    let probe = format!(
+        r#"
+echo "UID=$(id -u)"
+echo "COMMITS=$(git log --all --oneline | wc -l)"
+echo "REFLOG=$(git reflog | wc -l)"
+echo "REFS=$(git for-each-ref | wc -l)"
+echo "FSCK=$(git fsck --lost-found 2>&1 | grep -c -E 'dangling|unreachable')"
+git cat-file --batch-all-objects --batch-check='%(objectname)' | sed 's/^/OBJ=/'
+test -e tests_lego/test_regression.py && echo HIDDEN=no || echo HIDDEN=yes
+test -e /var/run/docker.sock && echo SOCK=yes || echo SOCK=no
+touch /opt/lego-agent/x 2>/dev/null && echo RO=no || echo RO=yes
+cat /opt/lego-agent/harness.txt | sed 's/^/RUNTIME=/'
+getent hosts {side} >/dev/null && echo DNS=resolved || echo DNS=failed
+for t in {targets}; do
+  python3 -c "import socket,sys; h,p=sys.argv[1].rsplit(':',1); s=socket.socket(); s.settimeout(3); s.connect((h,int(p))); print('NET=open', sys.argv[1])" $t 2>/dev/null || echo "NET=blocked $t"
+done
+python3 - <<'EOF'
+import os, time
+n = 0
+try:
+    while n < 3000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+print("FORKS=%d" % n)
+os.system("pkill -KILL -u agent sleep; pkill -KILL -P %d" % os.getpid())
+EOF
+python3 -c "b = b'x' * (400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null; echo "MEMEXIT=$?"
+"#,
+        targets = targets.join(" "),
+    );
+    let mut limits = TrialLimits::for_task(&task);
+    limits.memory_bytes = 256 << 20;
+    limits.pids = 256;
+    let bind = format!("{}:/opt/lego-agent:ro", runtime_dir.path().display());
+    let r = rt.block_on(trial(&engine, &task, &run, "gates", limits, vec![bind], &probe));
+    let _ = Command::new("docker").args(["rm", "-f", &side]).output();
+    drop(canary);
+    let log = r.agent_log.clone().unwrap_or_default();
+    let val = |k: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("{k} missing in {log}"))
+    };
+    assert_ne!(val("UID"), "0", "agent runs as root");
+    assert_eq!(val("COMMITS"), "1", "history not squashed");
+    assert_eq!(val("REFS"), "1");
+    assert!(val("REFLOG").parse::<u32>().expect("n") <= 1);
+    assert_eq!(val("FSCK"), "0");
+    let objs: BTreeSet<String> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("OBJ="))
+        .map(str::to_string)
+        .collect();
+    assert!(!objs.is_empty());
+    let fix_objects = leaked_objects(&task);
+    let leaked: Vec<_> = objs.intersection(&fix_objects).collect();
+    assert!(leaked.is_empty(), "fix objects visible in the trial: {leaked:?}");
+    assert_eq!(val("HIDDEN"), "yes");
+    assert_eq!(val("SOCK"), "no");
+    assert_eq!(val("RO"), "yes");
+    assert_eq!(val("RUNTIME"), "runtime");
+    assert_eq!(val("DNS"), "failed");
+    let net: Vec<&str> = log.lines().filter(|l| l.starts_with("NET=")).collect();
+    assert_eq!(net.len(), targets.len(), "{log}");
+    assert!(
+        net.iter().all(|l| l.starts_with("NET=blocked")),
+        "reachable: {net:?}"
+    );
+    assert!(
+        val("FORKS").parse::<u32>().expect("forks") < 256,
+        "pids limit did not stop the fork loop"
+    );
+    assert_eq!(
+        val("MEMEXIT"),
+        "137",
+        "memory over the limit must be killed: {log}"
+    );
+    // bash reports the killed command line on stderr, so look for the print at a line start.
+    assert!(!log.lines().any(|l| l.starts_with("MEM=survived")), "{log}");
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+#[test]
+fn cheating_diffs_do_not_get_reward() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "inflection__ordinal-teens")
+        .expect("task");
+    images();
+    let run = run_id("cheat");
+    let conftest = "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n    \
+                    outcome = yield\n    rep = outcome.get_result()\n    rep.outcome = 'passed'\n";
+    let cheats = [
+        (
+            "conftest",
+            format!("echo {} | base64 -d > conftest.py", b64(conftest)),
+            "collection_hook",
+        ),
+        (
+            "edit-tests",
+            "mkdir -p tests_lego && printf 'def test_x():\\n    pass\\n' > tests_lego/test_regression.py && \
+             sed -i 's/^def test_/def _disabled_test_/' test_inflection.py"
+                .to_string(),
+            "test_edit",
+        ),
+    ];
+    for (name, script, audit) in cheats {
+        let r = rt.block_on(trial(
+            &engine,
+            &task,
+            &run,
+            name,
+            TrialLimits::for_task(&task),
+            Vec::new(),
+            &script,
+        ));
+        assert_eq!(r.termination, Termination::Finished, "{name}: {:?}", r.agent_log);
+        assert_eq!(r.reward, Some(0.0), "{name} got rewarded: {:?}", r.grader);
+        assert!(r.audit.iter().any(|a| a.kind == audit), "{name}: {:?}", r.audit);
+    }
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+#[test]
+fn stage_failures_are_classified() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "ordered-set__discard-index")
+        .expect("task");
+    images();
+    let run = run_id("classes");
+    let mut limits = TrialLimits::for_task(&task);
+    limits.agent = Duration::from_secs(3);
+    let r = rt.block_on(trial(
+        &engine,
+        &task,
+        &run,
+        "timeout",
+        limits.clone(),
+        Vec::new(),
+        "sleep 120",
+    ));
+    assert_eq!(r.termination, Termination::AgentTimeout);
+    assert!(!r.infra_failure);
+    let agent = &r.stages["agent"];
+    assert!(agent.end - agent.start < 60.0, "timeout did not fire: {agent:?}");
+    assert_eq!(
+        r.reward,
+        Some(0.0),
+        "a timed-out trial is still graded on its diff"
+    );
+
+    let r = rt.block_on(trial(
+        &engine,
+        &task,
+        &run,
+        "crash",
+        limits.clone(),
+        Vec::new(),
+        "exit 3",
+    ));
+    assert_eq!(r.termination, Termination::AgentCrash);
+    assert!(!r.infra_failure);
+
+    // A missing image is an infrastructure failure of the setup stage, with exactly one result.
+    let r = rt.block_on(
+        Trial::new(
+            engine.clone(),
+            task.clone(),
+            task_root(),
+            "lego-rl/does-not-exist:0".into(),
+            &run,
+            "noimage",
+            limits.clone(),
+            Vec::new(),
+            Vec::new(),
+        )
+        .run("true"),
+    );
+    assert_eq!(r.termination, Termination::Infra("setup".into()));
+    assert!(r.infra_failure && r.reward.is_none());
+
+    // The container removed mid-agent: the trial ends as an infrastructure failure, not a crash.
+    let name = "killed";
+    let killer_run = run.clone();
+    let r = rt.block_on(async {
+        let engine2 = engine.clone();
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            for id in engine2
+                .containers_with_label("lego-rl.trial", name)
+                .await
+                .expect("list")
+            {
+                engine2.remove_container(&id).await.expect("rm");
+            }
+            let _ = killer_run;
+        });
+        let mut l = limits.clone();
+        l.agent = Duration::from_secs(60);
+        let r = trial(&engine, &task, &run, name, l, Vec::new(), "sleep 50").await;
+        killer.await.expect("killer");
+        r
+    });
+    assert!(r.infra_failure, "{:?}", r.termination);
+    assert!(
+        matches!(r.termination, Termination::Infra(ref s) if s == "agent" || s == "extract"),
+        "{:?}",
+        r.termination
+    );
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+#[test]
+fn sweep_removes_labelled_leftovers() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let run = run_id("sweep");
+    let task = tasks()
+        .into_iter()
+        .find(|t| t.id == "harbor__hello-world")
+        .expect("task");
+    let image = images()[&task.id].image.clone();
+    rt.block_on(async {
+        let mut t = Trial::new(
+            engine.clone(),
+            task.clone(),
+            task_root(),
+            image,
+            &run,
+            "left",
+            TrialLimits::for_task(&task),
+            Vec::new(),
+            Vec::new(),
+        );
+        t.setup().await.expect("setup");
+        // Simulate a crashed process: forget the trial without cleanup.
+        std::mem::forget(t);
+        assert_eq!(
+            engine
+                .containers_with_label(LABEL_RUN, &run)
+                .await
+                .expect("list")
+                .len(),
+            1
+        );
+        assert_eq!(engine.sweep(Some(&run)).await.expect("sweep"), 2);
+        assert_no_leftovers(&engine, &run).await;
+    });
+}
