@@ -4,3 +4,5 @@ mod cli;
 mod common;
 mod docs;
 mod io;
+mod synth;
+mod validate;
