@@ -9,5 +9,6 @@ pub mod cmd;
 pub mod env;
 pub mod io;
 pub mod records;
+pub mod report;
 pub mod ui;
 pub mod validate;

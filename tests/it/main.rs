@@ -6,3 +6,4 @@ mod docs;
 mod io;
 mod synth;
 mod validate;
+mod report;

@@ -70,6 +70,8 @@ pub fn openai_messages(task: &str, reread: bool) -> Vec<Value> {
         m.push(json!({"role": "assistant", "content": null, "tool_calls": [call("c6", "str_replace_editor", json!({"command": "view", "path": "/testbed/pkg/a.py"}))]}));
         m.push(json!({"role": "tool", "tool_call_id": "c6", "content": "def f():\n    return 2\n"}));
     }
+    // The final answer: generated, so only the generation's output holds it (no later request).
+    m.push(json!({"role": "assistant", "content": "Done."}));
     m
 }
 
@@ -84,6 +86,7 @@ pub fn anthropic_messages(task: &str) -> Vec<Value> {
         json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "ok"}]}),
         json!({"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "Bash", "input": {"command": "pytest"}}]}),
         json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": "boom", "is_error": true}]}),
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Done."}]}),
     ]
 }
 
