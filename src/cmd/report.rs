@@ -29,7 +29,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// after a failed command) are inferred from the OpenAI/Anthropic requests the proxy captured;
 /// the rules are in the page's "Behaviour" section and in src/report/behaviour.rs.
 ///
-/// Examples:
+/// Example:
 ///   lego-rl report run/ -o run/report/
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
 #[derive(Args, Debug)]

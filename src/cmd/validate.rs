@@ -42,7 +42,7 @@ use crate::validate::{append_report, check_files, validate_run, FileCheck};
 ///   align_drop_rate <= 0.05, git_history_rate / test_edit_rate / blocked_egress_rate <= 0.05,
 ///   zero_variance_group_fraction <= 0.9, staleness_max <= 2, and 0 for each consistency check.
 ///
-/// Examples:
+/// Example:
 ///   lego-rl validate run/ || exit 1
 ///   lego-rl validate run/ --gates gates.toml --gate logprob_pearson=0.995 --json
 ///   lego-rl validate run/trajectories/*.jsonl.zst run/samples/*.jsonl.zst

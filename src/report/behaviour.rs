@@ -61,6 +61,8 @@ pub struct Turn {
     pub role: String,
     pub text: String,
     pub calls: Vec<Call>,
+    /// True when the message only carries tool results (already shown under their calls).
+    pub only_results: bool,
 }
 
 /// The conversation of one thread.
@@ -126,6 +128,7 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
             role: "system".into(),
             text: text_of(sys),
             calls: vec![],
+            only_results: false,
         });
     }
     let empty = Vec::new();
@@ -141,6 +144,7 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
             role: role.clone(),
             text: String::new(),
             calls: vec![],
+            only_results: false,
         };
         if role == "tool" {
             let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("").to_string();
@@ -189,6 +193,11 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
             }
         }
         pending_text_calls.clear();
+        let plain_text = content
+            .as_array()
+            .map(|blocks| blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("text")))
+            .unwrap_or(role != "tool");
+        turn.only_results = !results.is_empty() && turn.calls.is_empty() && !plain_text;
         for (id, out, err) in results {
             if let Some(&(ti, ci)) = by_id.get(&id) {
                 set_output(&mut turns[ti].calls[ci], out.clone(), err);
