@@ -190,8 +190,7 @@ fn eval_files(p: &Path) -> anyhow::Result<RunFiles> {
         if !f.trajectories.is_empty() {
             return Ok(f);
         }
-        let mut plain = RunFiles::default();
-        plain.trajectories = std::fs::read_dir(p)
+        let mut trajectories: Vec<_> = std::fs::read_dir(p)
             .with_context(|| format!("listing {}", p.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|q| {
@@ -200,8 +199,11 @@ fn eval_files(p: &Path) -> anyhow::Result<RunFiles> {
             })
             .map(|q| (crate::validate::run::step_of(&q), q))
             .collect();
-        plain.trajectories.sort();
-        return Ok(plain);
+        trajectories.sort();
+        return Ok(RunFiles {
+            trajectories,
+            ..Default::default()
+        });
     }
     Ok(RunFiles {
         trajectories: vec![(None, p.to_path_buf())],
@@ -221,7 +223,11 @@ fn fmt_value(v: Option<f64>) -> String {
 
 fn print_gates(out: &mut impl Write, gates: &[GateResult]) -> std::io::Result<()> {
     let w = GATES.iter().map(|g| g.0.len()).max().unwrap_or(4);
-    writeln!(out, "{:<w$}  {:>10}  {:>2}  {:>9}  {:<6}  DETAIL", "GATE", "VALUE", "OP", "THRESHOLD", "STATUS")?;
+    writeln!(
+        out,
+        "{:<w$}  {:>10}  {:>2}  {:>9}  {:<6}  DETAIL",
+        "GATE", "VALUE", "OP", "THRESHOLD", "STATUS"
+    )?;
     for g in gates {
         writeln!(
             out,
@@ -273,11 +279,24 @@ fn print_eval(out: &mut impl Write, e: &eval::Eval) -> std::io::Result<()> {
         "SCOPE", "TASKS", "SAMPLES", "PASS@1", "95% CI (boot)", "95% CI (Wilson)"
     )?;
     let line = |out: &mut dyn Write, scope: &str, s: &eval::Score| {
-        let k: Vec<String> = s.pass_at_k.iter().filter(|(k, _)| **k > 1).map(|(k, v)| format!("@{k}={v:.4}")).collect();
+        let k: Vec<String> = s
+            .pass_at_k
+            .iter()
+            .filter(|(k, _)| **k > 1)
+            .map(|(k, v)| format!("@{k}={v:.4}"))
+            .collect();
         writeln!(
             out,
             "{:<32}  {:>6}  {:>7}  {:>8.4}  [{:.4}, {:.4}]  [{:.4}, {:.4}]  {}",
-            scope, s.tasks, s.samples, s.pass_at_1, s.ci95[0], s.ci95[1], s.wilson95[0], s.wilson95[1], k.join(" ")
+            scope,
+            s.tasks,
+            s.samples,
+            s.pass_at_1,
+            s.ci95[0],
+            s.ci95[1],
+            s.wilson95[0],
+            s.wilson95[1],
+            k.join(" ")
         )
     };
     line(out, "all", &e.overall)?;
@@ -288,7 +307,11 @@ fn print_eval(out: &mut impl Write, e: &eval::Eval) -> std::io::Result<()> {
         line(out, &format!("repo {r}"), s)?;
     }
     if e.overall.excluded > 0 {
-        writeln!(out, "{} infra-failed or ungraded trajectory(ies) excluded", e.overall.excluded)?;
+        writeln!(
+            out,
+            "{} infra-failed or ungraded trajectory(ies) excluded",
+            e.overall.excluded
+        )?;
     }
     Ok(())
 }

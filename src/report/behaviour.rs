@@ -132,7 +132,10 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
         });
     }
     let empty = Vec::new();
-    let messages = request.get("messages").and_then(Value::as_array).unwrap_or(&empty);
+    let messages = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
     // call id → (turn, call) index, to attach outputs.
     let mut by_id: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut pending_text_calls: Vec<(usize, usize)> = Vec::new();
@@ -147,7 +150,11 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
             only_results: false,
         };
         if role == "tool" {
-            let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("").to_string();
+            let id = m
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             results.push((id, text_of(content), false));
         } else {
             turn.text = text_of(content);
@@ -172,7 +179,11 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
                         block.get("input").map(Value::to_string).unwrap_or_default(),
                     )),
                     Some("tool_result") => results.push((
-                        block.get("tool_use_id").and_then(Value::as_str).unwrap_or("").to_string(),
+                        block
+                            .get("tool_use_id")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
                         text_of(block.get("content").unwrap_or(&Value::Null)),
                         block.get("is_error").and_then(Value::as_bool).unwrap_or(false),
                     )),
@@ -182,7 +193,8 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
             if role == "assistant" && turn.calls.is_empty() && api != "none" {
                 for (i, cmd) in bash_blocks(&turn.text).into_iter().enumerate() {
                     let args = serde_json::json!({ "command": cmd }).to_string();
-                    turn.calls.push(new_call(&format!("text-{}-{i}", turns.len()), "bash", args));
+                    turn.calls
+                        .push(new_call(&format!("text-{}-{i}", turns.len()), "bash", args));
                 }
             }
         }
@@ -195,7 +207,11 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
         pending_text_calls.clear();
         let plain_text = content
             .as_array()
-            .map(|blocks| blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("text")))
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .any(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            })
             .unwrap_or(role != "tool");
         turn.only_results = !results.is_empty() && turn.calls.is_empty() && !plain_text;
         for (id, out, err) in results {
@@ -222,7 +238,11 @@ pub fn turns_of(api: &str, request: &Value) -> Vec<Turn> {
 fn set_output(c: &mut Call, out: String, is_error: bool) {
     c.is_error = is_error;
     if matches!(c.action, Action::Run { .. }) {
-        c.failed = if is_error { Some(true) } else { exit_code(&out).map(|code| code != 0) };
+        c.failed = if is_error {
+            Some(true)
+        } else {
+            exit_code(&out).map(|code| code != 0)
+        };
     }
     c.output = Some(out);
 }
@@ -230,10 +250,20 @@ fn set_output(c: &mut Call, out: String, is_error: bool) {
 /// The exit code a tool output reports, if any.
 pub fn exit_code(out: &str) -> Option<i64> {
     let lower = out.to_ascii_lowercase();
-    for key in ["exit code", "exit_code", "exitcode", "<returncode>", "returncode", "exit status"] {
+    for key in [
+        "exit code",
+        "exit_code",
+        "exitcode",
+        "<returncode>",
+        "returncode",
+        "exit status",
+    ] {
         if let Some(i) = lower.rfind(key) {
-            let rest = lower[i + key.len()..].trim_start_matches(|c: char| c == ':' || c == '=' || c == '"' || c == ' ');
-            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect();
+            let rest = lower[i + key.len()..].trim_start_matches([':', '=', '"', ' ']);
+            let digits: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '-')
+                .collect();
             if let Ok(v) = digits.parse() {
                 return Some(v);
             }
@@ -278,7 +308,9 @@ pub fn classify(name: &str, args: &Value) -> Action {
             return path.map_or(Action::Other, |path| Action::View { path })
         }
         "edit" | "write" | "multiedit" | "write_file" | "edit_file" | "create_file" | "str_replace"
-        | "replace" | "notebookedit" => return path.map_or(Action::Other, |p| Action::Edit { paths: vec![p] }),
+        | "replace" | "notebookedit" => {
+            return path.map_or(Action::Other, |p| Action::Edit { paths: vec![p] })
+        }
         "apply_patch" => {
             let text = str_arg(args, &["input", "patch"]).unwrap_or_default();
             let paths: Vec<String> = text
@@ -300,7 +332,18 @@ pub fn classify(name: &str, args: &Value) -> Action {
         _ => None,
     };
     match command {
-        Some(c) if ["bash", "execute_bash", "shell", "run", "terminal", "exec", "run_command", "local_shell", "container.exec"]
+        Some(c)
+            if [
+                "bash",
+                "execute_bash",
+                "shell",
+                "run",
+                "terminal",
+                "exec",
+                "run_command",
+                "local_shell",
+                "container.exec",
+            ]
             .contains(&n.as_str()) =>
         {
             classify_shell(&c)
@@ -326,7 +369,11 @@ pub fn classify_shell(cmd: &str) -> Action {
             .map(|w| w.trim_matches('"').to_string())
     };
     if let Some(i) = c.find(" > ").or_else(|| c.find(" >> ")) {
-        let target = c[i..].trim_start_matches([' ', '>']).split_whitespace().next().unwrap_or("");
+        let target = c[i..]
+            .trim_start_matches([' ', '>'])
+            .split_whitespace()
+            .next()
+            .unwrap_or("");
         if !target.is_empty() && !target.starts_with("/dev/") && !target.starts_with('&') {
             return Action::Edit {
                 paths: vec![target.trim_matches(|q| q == '"' || q == '\'').to_string()],

@@ -63,13 +63,21 @@ fn anthropic_tool_use_and_errors() {
         {"role": "assistant", "content": [{"type": "tool_use", "id": "4", "name": "Bash", "input": {"command": "make test"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "4", "content": "Exit code: 2"}]}
     ]});
-    let th = vec![Thread { thread: 0, api: "anthropic".into(), turns: turns_of("anthropic", &req) }];
+    let th = vec![Thread {
+        thread: 0,
+        api: "anthropic".into(),
+        turns: turns_of("anthropic", &req),
+    }];
     assert_eq!(th[0].turns[0].role, "system");
     assert_eq!(th[0].turns[0].text, "sys");
     let b = behaviour(&th);
     assert_eq!(b.files_viewed_before_edit, Some(1));
     assert_eq!(b.reread_after_edit, Some(false));
-    assert_eq!((b.failed_runs_followed, b.recovered), (1, 0), "the run after the failure failed too");
+    assert_eq!(
+        (b.failed_runs_followed, b.recovered),
+        (1, 0),
+        "the run after the failure failed too"
+    );
     let calls: Vec<&Call> = th[0].turns.iter().flat_map(|t| &t.calls).collect();
     assert_eq!(calls[0].output.as_deref(), Some("A"));
     assert!(calls[2].is_error);
@@ -93,14 +101,34 @@ fn text_bash_blocks_count_as_shell_calls() {
 #[test]
 fn shell_classification() {
     assert_eq!(classify_shell("cat a.py"), Action::View { path: "a.py".into() });
-    assert_eq!(classify_shell("cat a.py | grep x"), Action::Run { command: "cat a.py | grep x".into() });
-    assert_eq!(classify_shell("cat <<'EOF' > b.py"), Action::Edit { paths: vec!["b.py".into()] });
-    assert_eq!(classify_shell("pytest 2>&1 > /dev/null"), Action::Run { command: "pytest 2>&1 > /dev/null".into() });
+    assert_eq!(
+        classify_shell("cat a.py | grep x"),
+        Action::Run {
+            command: "cat a.py | grep x".into()
+        }
+    );
+    assert_eq!(
+        classify_shell("cat <<'EOF' > b.py"),
+        Action::Edit {
+            paths: vec!["b.py".into()]
+        }
+    );
+    assert_eq!(
+        classify_shell("pytest 2>&1 > /dev/null"),
+        Action::Run {
+            command: "pytest 2>&1 > /dev/null".into()
+        }
+    );
     assert_eq!(exit_code("[Command finished with exit code 0]"), Some(0));
     assert_eq!(exit_code("{\"metadata\": {\"exit_code\": 3}}"), Some(3));
     assert_eq!(exit_code("hello"), None);
     assert!(same_file("/testbed/pkg/a.py", "pkg/a.py"));
     assert!(!same_file("/testbed/pkg/a.py", "b/a.py2"));
     let patch = json!({"input": "*** Begin Patch\n*** Update File: src/x.rs\n@@\n-a\n+b\n*** End Patch"});
-    assert_eq!(classify("apply_patch", &patch), Action::Edit { paths: vec!["src/x.rs".into()] });
+    assert_eq!(
+        classify("apply_patch", &patch),
+        Action::Edit {
+            paths: vec!["src/x.rs".into()]
+        }
+    );
 }

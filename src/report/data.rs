@@ -10,7 +10,9 @@ use serde_json::{Map, Value};
 
 use super::behaviour::{behaviour, threads, Behaviour, Thread};
 use crate::io::{open_records, ReadOptions};
-use crate::records::{AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, Trajectory, ValidationReport};
+use crate::records::{
+    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, Trajectory, ValidationReport,
+};
 use crate::validate::run::{for_each_trajectory, read_plain, RunError, RunFiles};
 
 /// One trajectory in the browser list.
@@ -198,14 +200,21 @@ pub fn detail(step: u64, t: Trajectory) -> TrajDetail {
 
 /// Per-token differences of a sample, when it carries `metadata.trainer_logprobs`.
 pub fn token_diff(s: &Sample) -> Option<TokenDiff> {
-    let trainer: crate::records::Packed = serde_json::from_value(s.metadata.get("trainer_logprobs")?.clone()).ok()?;
+    let trainer: crate::records::Packed =
+        serde_json::from_value(s.metadata.get("trainer_logprobs")?.clone()).ok()?;
     let trainer = trainer.to_f32().ok()?;
     let rollout = s.rollout_logprobs.to_f32().ok()?;
     if trainer.len() != rollout.len() {
         return None;
     }
     let mask = s.loss_mask.to_dense();
-    let tokens: Vec<u32> = s.token_ids.iter().zip(mask).filter(|(_, m)| *m).map(|(t, _)| *t).collect();
+    let tokens: Vec<u32> = s
+        .token_ids
+        .iter()
+        .zip(mask)
+        .filter(|(_, m)| *m)
+        .map(|(t, _)| *t)
+        .collect();
     Some(TokenDiff {
         sample_id: s.id.clone(),
         tokens: tokens.into_iter().take(rollout.len()).collect(),
@@ -214,7 +223,11 @@ pub fn token_diff(s: &Sample) -> Option<TokenDiff> {
 }
 
 /// Adds the log-prob differences of the samples of `details` (streaming the sample files).
-pub fn attach_token_diffs(files: &RunFiles, opts: ReadOptions, details: &mut BTreeMap<String, TrajDetail>) -> Result<(), RunError> {
+pub fn attach_token_diffs(
+    files: &RunFiles,
+    opts: ReadOptions,
+    details: &mut BTreeMap<String, TrajDetail>,
+) -> Result<(), RunError> {
     if details.is_empty() {
         return Ok(());
     }
@@ -234,7 +247,11 @@ pub fn attach_token_diffs(files: &RunFiles, opts: ReadOptions, details: &mut BTr
 
 /// Builds the report. `max_details`: how many trajectory details to embed (spread over the
 /// trajectory files); `None` = list every trajectory and embed no detail (live mode).
-pub fn build(files: &RunFiles, opts: ReadOptions, max_details: Option<usize>) -> Result<ReportData, RunError> {
+pub fn build(
+    files: &RunFiles,
+    opts: ReadOptions,
+    max_details: Option<usize>,
+) -> Result<ReportData, RunError> {
     let per_file = max_details.map(|m| m.div_ceil(files.trajectories.len().max(1)));
     let mut taken: HashMap<std::path::PathBuf, usize> = HashMap::new();
     let mut steps: BTreeMap<u64, (Acc, StepRow)> = BTreeMap::new();
@@ -243,7 +260,12 @@ pub fn build(files: &RunFiles, opts: ReadOptions, max_details: Option<usize>) ->
     let mut terms: BTreeMap<String, Acc> = BTreeMap::new();
     let mut groups: BTreeMap<(u64, String, u64), Vec<f64>> = BTreeMap::new();
     let mut data = ReportData {
-        run: files.root.as_deref().map(Path::display).map(|d| d.to_string()).unwrap_or_default(),
+        run: files
+            .root
+            .as_deref()
+            .map(Path::display)
+            .map(|d| d.to_string())
+            .unwrap_or_default(),
         live: max_details.is_none(),
         ..Default::default()
     };
@@ -252,7 +274,15 @@ pub fn build(files: &RunFiles, opts: ReadOptions, max_details: Option<usize>) ->
         let th = threads(&t);
         let b = behaviour(&th);
         let s = summarize(step, &t, &b);
-        let (acc, row) = steps.entry(step).or_insert_with(|| (Acc::default(), StepRow { step, ..Default::default() }));
+        let (acc, row) = steps.entry(step).or_insert_with(|| {
+            (
+                Acc::default(),
+                StepRow {
+                    step,
+                    ..Default::default()
+                },
+            )
+        });
         acc.add(&s, &b);
         for k in &s.audit {
             *row.audit.entry(k.clone()).or_default() += 1;
@@ -291,11 +321,35 @@ pub fn build(files: &RunFiles, opts: ReadOptions, max_details: Option<usize>) ->
     data.validation = read_plain::<ValidationReport>(&files.validation, opts)?;
     for m in metrics {
         let step = m.step;
-        steps.entry(step).or_insert_with(|| (Acc::default(), StepRow { step, ..Default::default() })).1.metrics = Some(m);
+        steps
+            .entry(step)
+            .or_insert_with(|| {
+                (
+                    Acc::default(),
+                    StepRow {
+                        step,
+                        ..Default::default()
+                    },
+                )
+            })
+            .1
+            .metrics = Some(m);
     }
     for v in &data.validation {
         if let Some(step) = v.step {
-            steps.entry(step).or_insert_with(|| (Acc::default(), StepRow { step, ..Default::default() })).1.validation = Some(v.clone());
+            steps
+                .entry(step)
+                .or_insert_with(|| {
+                    (
+                        Acc::default(),
+                        StepRow {
+                            step,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .1
+                .validation = Some(v.clone());
         }
     }
     data.steps = steps
@@ -343,7 +397,11 @@ pub fn metric_columns(rows: &[StepRow]) -> Vec<String> {
         if let Some(m) = &r.metrics {
             if let Ok(Value::Object(o)) = serde_json::to_value(m) {
                 for (k, v) in o {
-                    if k != "schema" && k != "step" && !matches!(v, Value::Object(_)) && seen.insert(k.clone()) {
+                    if k != "schema"
+                        && k != "step"
+                        && !matches!(v, Value::Object(_))
+                        && seen.insert(k.clone())
+                    {
                         cols.push(k);
                     }
                 }

@@ -47,7 +47,11 @@ fn signature(files: &RunFiles) -> Signature {
         .chain(&files.validation);
     all.map(|p| {
         let m = std::fs::metadata(p).ok();
-        (p.clone(), m.as_ref().map_or(0, |m| m.len()), m.and_then(|m| m.modified().ok()))
+        (
+            p.clone(),
+            m.as_ref().map_or(0, |m| m.len()),
+            m.and_then(|m| m.modified().ok()),
+        )
     })
     .collect()
 }
@@ -75,10 +79,17 @@ impl Served {
 
 fn error_response(e: impl std::fmt::Display) -> Response {
     let body = serde_json::json!({ "error": { "message": e.to_string() } }).to_string();
-    (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ReportError> + Send + 'static) -> Result<T, Response> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ReportError> + Send + 'static,
+) -> Result<T, Response> {
     match tokio::task::spawn_blocking(f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(error_response(e)),
@@ -122,8 +133,14 @@ async fn trajectory(State(s): State<Arc<Served>>, Query(q): Query<IdQuery>) -> R
     match found {
         Ok(Some(json)) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
         Ok(None) => {
-            let body = serde_json::json!({ "error": { "message": format!("no trajectory `{}`", q.id) } }).to_string();
-            (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            let body = serde_json::json!({ "error": { "message": format!("no trajectory `{}`", q.id) } })
+                .to_string();
+            (
+                StatusCode::NOT_FOUND,
+                [(header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response()
         }
         Err(r) => r,
     }
@@ -146,11 +163,15 @@ pub fn router(run: &Path) -> Router {
 /// Serves `run` on `bind` until the process is stopped; `on_listen` gets the bound address
 /// (useful with port 0).
 pub async fn serve(run: &Path, bind: &str, on_listen: impl FnOnce(SocketAddr)) -> Result<(), ReportError> {
-    let listener = tokio::net::TcpListener::bind(bind).await.map_err(|source| ReportError::Bind {
-        bind: bind.to_string(),
-        source,
-    })?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|source| ReportError::Bind {
+            bind: bind.to_string(),
+            source,
+        })?;
     let addr = listener.local_addr().map_err(ReportError::Serve)?;
     on_listen(addr);
-    axum::serve(listener, router(run)).await.map_err(ReportError::Serve)
+    axum::serve(listener, router(run))
+        .await
+        .map_err(ReportError::Serve)
 }

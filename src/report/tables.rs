@@ -28,10 +28,25 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let metric_cols = metric_columns(&d.steps);
     let mut header: Vec<String> = [
-        "step", "trajectories", "graded", "reward_mean", "infra_failures", "groups", "zero_variance_groups",
-        "response_tokens_mean", "turns_mean", "tool_calls_mean", "reread_after_edit", "files_viewed_before_edit",
-        "success_after_failure", "audit_git_history", "audit_test_edit", "audit_blocked_egress",
-        "validation_passed", "validation_gates_failed", "eval_pass_at_1",
+        "step",
+        "trajectories",
+        "graded",
+        "reward_mean",
+        "infra_failures",
+        "groups",
+        "zero_variance_groups",
+        "response_tokens_mean",
+        "turns_mean",
+        "tool_calls_mean",
+        "reread_after_edit",
+        "files_viewed_before_edit",
+        "success_after_failure",
+        "audit_git_history",
+        "audit_test_edit",
+        "audit_blocked_egress",
+        "validation_passed",
+        "validation_gates_failed",
+        "eval_pass_at_1",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -62,7 +77,8 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
             a("test_edit"),
             a("blocked_egress"),
             v.map(|v| v.passed.to_string()).unwrap_or_default(),
-            v.map(|v| v.gates.iter().filter(|g| !g.passed).count().to_string()).unwrap_or_default(),
+            v.map(|v| v.gates.iter().filter(|g| !g.passed).count().to_string())
+                .unwrap_or_default(),
             num(eval_p1),
         ];
         let m = metric_map(&r.metrics);
@@ -81,8 +97,16 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
 /// A per-group table (`tasks.csv`, `harnesses.csv`, `terminations.csv`) with `key` as its first column.
 pub fn group_csv(name: &str, key: &str, rows: &[GroupRow]) -> Result<Vec<u8>, ReportError> {
     let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record([key, "trajectories", "graded", "reward_mean", "infra_failures", "response_tokens_mean", "tool_calls_mean"])
-        .map_err(csv_err(name))?;
+    w.write_record([
+        key,
+        "trajectories",
+        "graded",
+        "reward_mean",
+        "infra_failures",
+        "response_tokens_mean",
+        "tool_calls_mean",
+    ])
+    .map_err(csv_err(name))?;
     for r in rows {
         w.write_record([
             r.key.clone(),
@@ -103,7 +127,13 @@ pub fn all(d: &ReportData) -> Result<Vec<(&'static str, Vec<u8>)>, ReportError> 
     Ok(vec![
         ("steps.csv", steps_csv(d)?),
         ("tasks.csv", group_csv("tasks.csv", "task_id", &d.tasks)?),
-        ("harnesses.csv", group_csv("harnesses.csv", "harness", &d.harnesses)?),
-        ("terminations.csv", group_csv("terminations.csv", "termination", &d.terminations)?),
+        (
+            "harnesses.csv",
+            group_csv("harnesses.csv", "harness", &d.harnesses)?,
+        ),
+        (
+            "terminations.csv",
+            group_csv("terminations.csv", "termination", &d.terminations)?,
+        ),
     ])
 }

@@ -85,7 +85,11 @@ impl EvalBuilder {
     pub fn finish(&self) -> Eval {
         Eval {
             overall: score(&self.overall),
-            per_harness: self.per_harness.iter().map(|(k, o)| (k.clone(), score(o))).collect(),
+            per_harness: self
+                .per_harness
+                .iter()
+                .map(|(k, o)| (k.clone(), score(o)))
+                .collect(),
             per_repo: self.per_repo.iter().map(|(k, o)| (k.clone(), score(o))).collect(),
         }
     }
@@ -139,7 +143,12 @@ pub fn bootstrap_mean_ci(values: &[f64]) -> [f64; 2] {
     }
     let mut rng = Rng(0);
     let mut means: Vec<f64> = (0..BOOTSTRAP)
-        .map(|_| (0..values.len()).map(|_| values[rng.below(values.len())]).sum::<f64>() / values.len() as f64)
+        .map(|_| {
+            (0..values.len())
+                .map(|_| values[rng.below(values.len())])
+                .sum::<f64>()
+                / values.len() as f64
+        })
         .collect();
     means.sort_by(f64::total_cmp);
     [percentile(&means, 0.025), percentile(&means, 0.975)]
@@ -163,7 +172,9 @@ pub fn pass_at_k(n: u64, c: u64, k: u64) -> f64 {
         return 1.0;
     }
     // 1 - C(n-c, k)/C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)
-    1.0 - ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product::<f64>()
+    1.0 - ((n - c + 1)..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product::<f64>()
 }
 
 /// Scores one set of outcomes.
@@ -187,7 +198,11 @@ pub fn score(o: &Outcomes) -> Score {
         tasks: o.tasks.len() as u64,
         samples: n,
         excluded: o.excluded,
-        pass_at_1: if rates.is_empty() { f64::NAN } else { rates.iter().sum::<f64>() / rates.len() as f64 },
+        pass_at_1: if rates.is_empty() {
+            f64::NAN
+        } else {
+            rates.iter().sum::<f64>() / rates.len() as f64
+        },
         ci95: bootstrap_mean_ci(&rates),
         wilson95: wilson(c, n),
         pass_at_k: pass_at,
@@ -217,7 +232,13 @@ pub fn compare(a: &Outcomes, b: &Outcomes) -> Comparison {
             diffs.push(rb - ra);
         }
     }
-    let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
     Comparison {
         common_tasks: diffs.len() as u64,
         a_pass_at_1: mean(&da),
@@ -244,7 +265,10 @@ mod tests {
     fn wilson_interval_known_values() {
         // 8/10: Wilson 95% = [0.4902, 0.9433].
         let [lo, hi] = wilson(8, 10);
-        assert!((lo - 0.4902).abs() < 1e-4 && (hi - 0.9433).abs() < 1e-4, "{lo} {hi}");
+        assert!(
+            (lo - 0.4902).abs() < 1e-4 && (hi - 0.9433).abs() < 1e-4,
+            "{lo} {hi}"
+        );
         assert_eq!(wilson(0, 10)[0], 0.0);
     }
 
@@ -258,10 +282,18 @@ mod tests {
         }
         let s = score(&a);
         assert_eq!(s.pass_at_1, 0.25);
-        assert!(s.ci95[0] < 0.25 && s.ci95[1] > 0.25 && s.ci95[0] > 0.05, "{:?}", s.ci95);
+        assert!(
+            s.ci95[0] < 0.25 && s.ci95[1] > 0.25 && s.ci95[0] > 0.05,
+            "{:?}",
+            s.ci95
+        );
         let c = compare(&a, &b);
         assert_eq!(c.common_tasks, 40);
         assert!((c.difference - 0.25).abs() < 1e-12);
-        assert!(c.ci95[0] > 0.0, "B is better on every task it differs: {:?}", c.ci95);
+        assert!(
+            c.ci95[0] > 0.0,
+            "B is better on every task it differs: {:?}",
+            c.ci95
+        );
     }
 }

@@ -62,19 +62,84 @@ impl Op {
 
 /// Every gate: name, direction, default threshold, what it measures.
 pub const GATES: &[(&str, Op, f64, &str)] = &[
-    ("logprob_pearson", Op::AtLeast, 0.99, "rollout vs trainer log-prob Pearson (StepMetrics)"),
-    ("expert_overlap", Op::AtLeast, 0.9, "trainer routing equal to the recorded one (StepMetrics)"),
-    ("infra_failure_rate", Op::AtMost, 0.1, "trajectories that failed for infrastructure reasons"),
-    ("align_drop_rate", Op::AtMost, 0.05, "assistant turns align dropped (AlignStats)"),
-    ("git_history_rate", Op::AtMost, 0.05, "trajectories with a git_history audit event"),
-    ("test_edit_rate", Op::AtMost, 0.05, "trajectories with a test_edit audit event"),
-    ("blocked_egress_rate", Op::AtMost, 0.05, "trajectories with a blocked_egress audit event"),
-    ("zero_variance_group_fraction", Op::AtMost, 0.9, "groups whose rewards are all equal (no signal)"),
-    ("staleness_max", Op::AtMost, 2.0, "steps between the sampling policy and the step"),
-    ("duplicate_trajectory_ids", Op::AtMost, 0.0, "trajectory ids seen twice"),
-    ("samples_without_trajectory", Op::AtMost, 0.0, "samples whose trajectory is not in the run"),
-    ("group_size_mismatches", Op::AtMost, 0.0, "groups of another size than the step's usual one"),
-    ("policy_version_decreases", Op::AtMost, 0.0, "policy_version going back within a file or trajectory"),
+    (
+        "logprob_pearson",
+        Op::AtLeast,
+        0.99,
+        "rollout vs trainer log-prob Pearson (StepMetrics)",
+    ),
+    (
+        "expert_overlap",
+        Op::AtLeast,
+        0.9,
+        "trainer routing equal to the recorded one (StepMetrics)",
+    ),
+    (
+        "infra_failure_rate",
+        Op::AtMost,
+        0.1,
+        "trajectories that failed for infrastructure reasons",
+    ),
+    (
+        "align_drop_rate",
+        Op::AtMost,
+        0.05,
+        "assistant turns align dropped (AlignStats)",
+    ),
+    (
+        "git_history_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with a git_history audit event",
+    ),
+    (
+        "test_edit_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with a test_edit audit event",
+    ),
+    (
+        "blocked_egress_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with a blocked_egress audit event",
+    ),
+    (
+        "zero_variance_group_fraction",
+        Op::AtMost,
+        0.9,
+        "groups whose rewards are all equal (no signal)",
+    ),
+    (
+        "staleness_max",
+        Op::AtMost,
+        2.0,
+        "steps between the sampling policy and the step",
+    ),
+    (
+        "duplicate_trajectory_ids",
+        Op::AtMost,
+        0.0,
+        "trajectory ids seen twice",
+    ),
+    (
+        "samples_without_trajectory",
+        Op::AtMost,
+        0.0,
+        "samples whose trajectory is not in the run",
+    ),
+    (
+        "group_size_mismatches",
+        Op::AtMost,
+        0.0,
+        "groups of another size than the step's usual one",
+    ),
+    (
+        "policy_version_decreases",
+        Op::AtMost,
+        0.0,
+        "policy_version going back within a file or trajectory",
+    ),
 ];
 
 /// Thresholds in force and which steps they apply to.
@@ -289,8 +354,10 @@ mod tests {
     #[test]
     fn gate_file_overrides_defaults_and_rejects_unknown_names() {
         let mut cfg = GateConfig::default();
-        cfg.apply_toml("all_steps = true\ndisable = [\"expert_overlap\"]\n[thresholds]\nlogprob_pearson = 0.98\n")
-            .unwrap();
+        cfg.apply_toml(
+            "all_steps = true\ndisable = [\"expert_overlap\"]\n[thresholds]\nlogprob_pearson = 0.98\n",
+        )
+        .unwrap();
         assert!(cfg.all_steps);
         assert_eq!(cfg.thresholds["logprob_pearson"], 0.98);
         assert!(!cfg.thresholds.contains_key("expert_overlap"));

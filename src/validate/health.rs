@@ -118,9 +118,7 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
             s.infra_failures += 1;
         }
         let graded = !t.infra_failure && t.reward.is_some();
-        let g = groups
-            .entry((step, t.task_id.clone(), t.group_id))
-            .or_default();
+        let g = groups.entry((step, t.task_id.clone(), t.group_id)).or_default();
         g.0 += 1;
         if let (true, Some(r)) = (graded, t.reward) {
             s.graded += 1;
@@ -168,7 +166,15 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
                 problems
                     .entry("policy_version_decreases".into())
                     .or_default()
-                    .add(|| format!("{}: {} generation {} goes back to policy_version {}", path.display(), t.id, gen.index, gen.policy_version));
+                    .add(|| {
+                        format!(
+                            "{}: {} generation {} goes back to policy_version {}",
+                            path.display(),
+                            t.id,
+                            gen.index,
+                            gen.policy_version
+                        )
+                    });
             }
             gen_prev = gen_prev.max(gen.policy_version);
         }
@@ -177,7 +183,10 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     let mut sizes: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
     for ((step, _, _), (n, rewards)) in &groups {
         *sizes.entry(*step).or_default().entry(*n).or_default() += 1;
-        let s = h.steps.get_mut(step).expect("invariant: step seen with its group");
+        let s = h
+            .steps
+            .get_mut(step)
+            .expect("invariant: step seen with its group");
         if !rewards.is_empty() {
             s.groups += 1;
             if rewards.iter().all(|r| *r == rewards[0]) {
@@ -208,14 +217,24 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
                 problems
                     .entry("samples_without_trajectory".into())
                     .or_default()
-                    .add(|| format!("{}: sample {} names missing trajectory {}", path.display(), s.id, s.trajectory_id));
+                    .add(|| {
+                        format!(
+                            "{}: sample {} names missing trajectory {}",
+                            path.display(),
+                            s.id,
+                            s.trajectory_id
+                        )
+                    });
             }
         }
     }
     // Align stats: the total record (trajectory_id null) per file, else the sum of the rest.
     for (step, path) in &files.align_stats {
         let recs = read_files::<AlignStats>(&[(*step, path.clone())], opts)?;
-        let (totals, per): (Vec<_>, Vec<_>) = recs.into_iter().map(|r| r.1).partition(|r| r.trajectory_id.is_none());
+        let (totals, per): (Vec<_>, Vec<_>) = recs
+            .into_iter()
+            .map(|r| r.1)
+            .partition(|r| r.trajectory_id.is_none());
         let use_ = if totals.is_empty() { per } else { totals };
         let step = step.or_else(|| h.steps.keys().next_back().copied()).unwrap_or(0);
         let s = h.steps.entry(step).or_insert_with(|| StepHealth {

@@ -44,7 +44,10 @@ pub struct RunFiles {
 pub fn step_of(path: &Path) -> Option<u64> {
     let name = path.file_name()?.to_str()?;
     let at = name.rfind("step-").or_else(|| name.rfind("step_"))?;
-    let digits: String = name[at + 5..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let digits: String = name[at + 5..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     digits.parse().ok()
 }
 
@@ -103,10 +106,7 @@ impl RunFiles {
         let mut files = RunFiles::default();
         for p in paths {
             let mut lines = open_lines(p, TornTail::Error)?;
-            let sniff = |msg: String| RunError::Sniff {
-                path: p.clone(),
-                msg,
-            };
+            let sniff = |msg: String| RunError::Sniff { path: p.clone(), msg };
             let Some((_, text)) = lines.next_line()? else {
                 continue;
             };
@@ -190,7 +190,10 @@ mod tests {
 
     #[test]
     fn steps_come_from_file_names() {
-        assert_eq!(step_of(Path::new("run/trajectories/step-000012.jsonl.zst")), Some(12));
+        assert_eq!(
+            step_of(Path::new("run/trajectories/step-000012.jsonl.zst")),
+            Some(12)
+        );
         assert_eq!(step_of(Path::new("eval_step_3.jsonl")), Some(3));
         assert_eq!(step_of(Path::new("trajectories.jsonl.zst")), None);
     }

@@ -4,6 +4,6 @@ mod cli;
 mod common;
 mod docs;
 mod io;
+mod report;
 mod synth;
 mod validate;
-mod report;

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use lego_rl::io::AtomicWriter;
 use lego_rl::records::{
-    AlignStats, AuditEvent, Generation, GraderResult, LossMask, Packed, Record, Sample, StageTiming, StepMetrics,
-    Termination, Trajectory,
+    AlignStats, AuditEvent, Generation, GraderResult, LossMask, Packed, Record, Sample, StageTiming,
+    StepMetrics, Termination, Trajectory,
 };
 use serde_json::{json, Value};
 
@@ -159,7 +159,11 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
         task_id,
         group_id: step * 100 + task as u64,
         sample_index: sample,
-        harness: if anthropic { "claude-code".into() } else { "openhands".into() },
+        harness: if anthropic {
+            "claude-code".into()
+        } else {
+            "openhands".into()
+        },
         backend: "embedded".into(),
         policy_version: step,
         sampling: Default::default(),
@@ -174,14 +178,31 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
         infra_failure: infra,
         reward,
         grader: Some(GraderResult {
-            tests: BTreeMap::from([("tests/test_a.py::test_f".into(), if reward == Some(1.0) { "PASSED" } else { "FAILED" }.into())]),
+            tests: BTreeMap::from([(
+                "tests/test_a.py::test_f".into(),
+                if reward == Some(1.0) { "PASSED" } else { "FAILED" }.into(),
+            )]),
             exit_code: Some(i64::from(reward != Some(1.0))),
             log_tail: Some("=== 1 passed ===".into()),
             ..Default::default()
         }),
         stages: BTreeMap::from([
-            ("setup".into(), StageTiming { start: t0, end: t0 + 5.0, outcome: "ok".into() }),
-            ("agent".into(), StageTiming { start: t0 + 5.0, end: t0 + 65.0, outcome: "ok".into() }),
+            (
+                "setup".into(),
+                StageTiming {
+                    start: t0,
+                    end: t0 + 5.0,
+                    outcome: "ok".into(),
+                },
+            ),
+            (
+                "agent".into(),
+                StageTiming {
+                    start: t0 + 5.0,
+                    end: t0 + 65.0,
+                    outcome: "ok".into(),
+                },
+            ),
         ]),
         audit,
         diff: Some("--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-1\n+2\n".into()),
@@ -206,9 +227,16 @@ pub fn write_run(dir: &Path, s: &Synth) {
             .map(|t| {
                 let n = 4;
                 let rollout: Vec<f32> = (0..n).map(|i| -0.1 * (i + 1) as f32).collect();
-                let trainer: Vec<f32> = rollout.iter().enumerate().map(|(i, v)| v + 0.05 * i as f32).collect();
+                let trainer: Vec<f32> = rollout
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v + 0.05 * i as f32)
+                    .collect();
                 let mut metadata = serde_json::Map::new();
-                metadata.insert("trainer_logprobs".into(), serde_json::to_value(Packed::f32_vec(&trainer)).unwrap());
+                metadata.insert(
+                    "trainer_logprobs".into(),
+                    serde_json::to_value(Packed::f32_vec(&trainer)).unwrap(),
+                );
                 Sample {
                     schema: Sample::SCHEMA.into(),
                     id: format!("{}#0.0", t.id),
@@ -256,7 +284,11 @@ pub fn write_run(dir: &Path, s: &Synth) {
             clip_fraction: Some(0.01 * step as f64),
             grad_norm: Some(1.0 + step as f64),
             reward_mean: Some(graded.iter().sum::<f64>() / graded.len().max(1) as f64),
-            logprob_pearson: Some(if step + 1 == s.steps { s.last_pearson } else { 0.998 }),
+            logprob_pearson: Some(if step + 1 == s.steps {
+                s.last_pearson
+            } else {
+                0.998
+            }),
             expert_overlap: Some(0.95),
             staleness_max: Some(0),
             ..Default::default()

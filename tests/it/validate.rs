@@ -27,13 +27,28 @@ fn healthy_run_passes_and_appends_a_report() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("13 gate(s), 0 failed"), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
+        "{text}"
+    );
     // Twice: the report file grows by one record per run.
-    let out = lego().args(["validate", "--json"]).arg(dir.path()).output().unwrap();
+    let out = lego()
+        .args(["validate", "--json"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(gate(&v, "zero_variance_group_fraction")["value"], 0.25, "task 0 always fails: 1 of 4 groups");
-    assert_eq!(gate(&v, "align_drop_rate")["value"].as_f64().unwrap(), 1.0 / 101.0);
+    assert_eq!(
+        gate(&v, "zero_variance_group_fraction")["value"],
+        0.25,
+        "task 0 always fails: 1 of 4 groups"
+    );
+    assert_eq!(
+        gate(&v, "align_drop_rate")["value"].as_f64().unwrap(),
+        1.0 / 101.0
+    );
     assert_eq!(v["health"]["samples"], 48);
     let reports: Vec<ValidationReport> =
         read_all(&dir.path().join("validation.jsonl.zst"), ReadOptions::default()).unwrap();
@@ -54,7 +69,11 @@ fn failing_gates_exit_1_and_can_be_configured() {
             ..Default::default()
         },
     );
-    let out = lego().args(["validate", "--no-report", "--json"]).arg(dir.path()).output().unwrap();
+    let out = lego()
+        .args(["validate", "--no-report", "--json"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let p = gate(&v, "logprob_pearson");
@@ -64,10 +83,17 @@ fn failing_gates_exit_1_and_can_be_configured() {
     assert_eq!(gate(&v, "git_history_rate")["value"], 0.5);
     assert_eq!(gate(&v, "git_history_rate")["passed"], false);
     assert_eq!(v["health"]["steps"]["2"]["audit"]["git_history"], 8);
-    assert!(!dir.path().join("validation.jsonl.zst").exists(), "--no-report writes nothing");
+    assert!(
+        !dir.path().join("validation.jsonl.zst").exists(),
+        "--no-report writes nothing"
+    );
     // Looser thresholds from flags and a gate file make it pass.
     let gates = dir.path().join("gates.toml");
-    std::fs::write(&gates, "disable = [\"git_history_rate\"]\n[thresholds]\nlogprob_pearson = 0.9\n").unwrap();
+    std::fs::write(
+        &gates,
+        "disable = [\"git_history_rate\"]\n[thresholds]\nlogprob_pearson = 0.9\n",
+    )
+    .unwrap();
     let out = lego()
         .args(["validate", "--gates"])
         .arg(&gates)
@@ -76,7 +102,13 @@ fn failing_gates_exit_1_and_can_be_configured() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = lego()
-        .args(["validate", "--gate", "logprob_pearson=0.9", "--gate", "git_history_rate=0.6"])
+        .args([
+            "validate",
+            "--gate",
+            "logprob_pearson=0.9",
+            "--gate",
+            "git_history_rate=0.6",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -86,10 +118,18 @@ fn failing_gates_exit_1_and_can_be_configured() {
     assert_eq!(report.len(), 2);
     // The shipped example gate file parses.
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gates.toml");
-    let out = lego().args(["validate", "--no-report", "--gates", example]).arg(dir.path()).output().unwrap();
+    let out = lego()
+        .args(["validate", "--no-report", "--gates", example])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     // An unknown gate name is an error (2).
-    let out = lego().args(["validate", "--gate", "nope=1"]).arg(dir.path()).output().unwrap();
+    let out = lego()
+        .args(["validate", "--gate", "nope=1"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown gate `nope`"));
 }
@@ -97,9 +137,19 @@ fn failing_gates_exit_1_and_can_be_configured() {
 #[test]
 fn all_steps_catches_an_earlier_bad_step() {
     let dir = tempfile::tempdir().unwrap();
-    write_run(dir.path(), &Synth { infra_every: 3, ..Default::default() });
+    write_run(
+        dir.path(),
+        &Synth {
+            infra_every: 3,
+            ..Default::default()
+        },
+    );
     // 6 of 16 trajectories per step fail for infra reasons: 0.375.
-    let out = lego().args(["validate", "--no-report", "--json", "--all-steps"]).arg(dir.path()).output().unwrap();
+    let out = lego()
+        .args(["validate", "--no-report", "--json", "--all-steps"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(gate(&v, "infra_failure_rate")["value"], 0.375);
@@ -108,8 +158,18 @@ fn all_steps_catches_an_earlier_bad_step() {
 #[test]
 fn cross_file_inconsistency_fails() {
     let dir = tempfile::tempdir().unwrap();
-    write_run(dir.path(), &Synth { orphan_sample: true, ..Default::default() });
-    let out = lego().args(["validate", "--no-report"]).arg(dir.path()).output().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            orphan_sample: true,
+            ..Default::default()
+        },
+    );
+    let out = lego()
+        .args(["validate", "--no-report"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -132,7 +192,10 @@ fn corrupted_inputs_exit_2_naming_file_and_record() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("step-000003.jsonl: record 2:"), "{err}");
-    assert!(!dir.path().join("validation.jsonl.zst").exists(), "no report after an error");
+    assert!(
+        !dir.path().join("validation.jsonl.zst").exists(),
+        "no report after an error"
+    );
     // A truncated zstd metrics file.
     std::fs::remove_file(&bad).unwrap();
     let m = dir.path().join("metrics.jsonl.zst");
@@ -152,7 +215,13 @@ fn corrupted_inputs_exit_2_naming_file_and_record() {
 #[test]
 fn explicit_files_with_health() {
     let dir = tempfile::tempdir().unwrap();
-    write_run(dir.path(), &Synth { last_pearson: 0.5, ..Default::default() });
+    write_run(
+        dir.path(),
+        &Synth {
+            last_pearson: 0.5,
+            ..Default::default()
+        },
+    );
     let t = dir.path().join("trajectories/step-000002.jsonl.zst");
     let m = dir.path().join("metrics.jsonl.zst");
     // Without --health: record checks only (all good, exit 0).
@@ -160,7 +229,12 @@ fn explicit_files_with_health() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("trajectory:16"));
     // With --health: gates judge them (the Pearson gate fails).
-    let out = lego().args(["validate", "--health", "--json"]).arg(&t).arg(&m).output().unwrap();
+    let out = lego()
+        .args(["validate", "--health", "--json"])
+        .arg(&t)
+        .arg(&m)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(gate(&v, "logprob_pearson")["value"], 0.5);
@@ -172,7 +246,11 @@ fn held_out_eval_and_compare() {
     write_run(dir.path(), &Synth::default());
     let a = dir.path().join("trajectories/step-000000.jsonl.zst");
     let b = dir.path().join("trajectories/step-000001.jsonl.zst");
-    let out = lego().args(["validate", "--json", "--eval"]).arg(&a).output().unwrap();
+    let out = lego()
+        .args(["validate", "--json", "--eval"])
+        .arg(&a)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let s = &v["eval"]["score"]["overall"];
@@ -188,7 +266,12 @@ fn held_out_eval_and_compare() {
     assert!(ci[0].as_f64().unwrap() <= expect && ci[1].as_f64().unwrap() >= expect);
     assert_eq!(v["eval"]["score"]["per_harness"]["claude-code"]["samples"], 8);
     assert_eq!(v["eval"]["score"]["per_repo"]["owner/repo0"]["tasks"], 2);
-    let out = lego().args(["validate", "--compare"]).arg(&a).arg(&b).output().unwrap();
+    let out = lego()
+        .args(["validate", "--compare"])
+        .arg(&a)
+        .arg(&b)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("compare: 4 common task(s)"), "{text}");
