@@ -70,6 +70,8 @@ fn anthropic_tool_use_and_errors() {
     }];
     assert_eq!(th[0].turns[0].role, "system");
     assert_eq!(th[0].turns[0].text, "sys");
+    assert!(th[0].turns[3].only_results, "a user message of tool results only");
+    assert!(!th[0].turns[1].only_results);
     let b = behaviour(&th);
     assert_eq!(b.files_viewed_before_edit, Some(1));
     assert_eq!(b.reread_after_edit, Some(false));
