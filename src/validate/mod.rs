@@ -7,6 +7,7 @@
 pub mod eval;
 pub mod gates;
 pub mod health;
+pub mod output;
 pub mod run;
 
 use std::collections::BTreeMap;
