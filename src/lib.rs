@@ -14,5 +14,6 @@ pub mod records;
 pub mod tasks;
 pub mod grade;
 pub mod sandbox;
+pub mod report;
 pub mod ui;
 pub mod validate;

@@ -1,5 +1,14 @@
-//! Run validation. This first layer checks record files: every record parses as its kind and
-//! carries a known `schema`. Run-health gates build on it.
+//! Run validation, in three layers:
+//! - record checks of files ([`check_file`]): every record parses as its kind with a known schema;
+//! - run health ([`health`], [`gates`]): cross-file consistency and gates on a run's numbers,
+//!   ending in a [`ValidationReport`] appended to the run's validation file;
+//! - held-out evaluation ([`eval`]): pass@1 with intervals, pass@k, comparisons.
+
+pub mod eval;
+pub mod gates;
+pub mod health;
+pub mod output;
+pub mod run;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,7 +17,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::io::{open_lines, IoError, TornTail};
-use crate::records::parse_any;
+use crate::records::{parse_any, Record, ValidationReport};
 
 /// At most this many record errors are kept per file for the report.
 const MAX_ERRORS: usize = 5;
@@ -100,4 +109,50 @@ pub fn check_file(path: &Path, strict: bool) -> FileCheck {
 /// Checks several files in parallel, in input order.
 pub fn check_files(paths: &[PathBuf], strict: bool) -> Vec<FileCheck> {
     paths.par_iter().map(|p| check_file(p, strict)).collect()
+}
+
+/// The verdict of run health: measurements, gate results and the record to append.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub health: health::Health,
+    pub report: ValidationReport,
+}
+
+/// Measures a run and judges its gates.
+pub fn validate_run(
+    files: &run::RunFiles,
+    opts: crate::io::ReadOptions,
+    cfg: &gates::GateConfig,
+) -> Result<Verdict, run::RunError> {
+    let h = health::measure(files, opts)?;
+    let results = gates::judge(&h, cfg);
+    let step = h
+        .steps
+        .keys()
+        .copied()
+        .chain(h.metrics.iter().map(|m| m.step))
+        .max();
+    let mut checks = serde_json::Map::new();
+    checks.insert("trajectory_files".into(), files.trajectories.len().into());
+    checks.insert("trajectories".into(), h.trajectories.into());
+    checks.insert("samples".into(), h.samples.into());
+    checks.insert("metrics".into(), h.metrics.len().into());
+    checks.insert("steps".into(), h.steps.len().into());
+    let report = ValidationReport {
+        schema: ValidationReport::SCHEMA.into(),
+        step,
+        passed: results.iter().all(|g| g.passed),
+        gates: results,
+        checks,
+        eval: serde_json::Map::new(),
+    };
+    Ok(Verdict { health: h, report })
+}
+
+/// Appends one report to `path` (created if needed) as one committed zstd frame.
+pub fn append_report(path: &Path, report: &ValidationReport) -> Result<(), IoError> {
+    let (mut w, _) = crate::io::AppendWriter::open(path)?;
+    w.push(report)?;
+    w.commit()?;
+    Ok(())
 }

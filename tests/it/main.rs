@@ -6,3 +6,6 @@ mod docs;
 mod filter_tasks;
 mod io;
 mod sandbox;
+mod report;
+mod synth;
+mod validate;

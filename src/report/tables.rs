@@ -1,0 +1,139 @@
+//! CSV tables of a report for notebooks: per step (trajectory aggregates, behaviour, StepMetrics
+//! fields, validation), per task, per harness and per termination reason.
+
+use super::data::{metric_columns, metric_map, GroupRow, ReportData};
+use super::ReportError;
+
+fn num(v: Option<f64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+fn finish(w: csv::Writer<Vec<u8>>, name: &str) -> Result<Vec<u8>, ReportError> {
+    w.into_inner().map_err(|e| ReportError::Csv {
+        table: name.to_string(),
+        msg: e.to_string(),
+    })
+}
+
+fn csv_err(name: &str) -> impl Fn(csv::Error) -> ReportError + '_ {
+    move |e| ReportError::Csv {
+        table: name.to_string(),
+        msg: e.to_string(),
+    }
+}
+
+/// `steps.csv`.
+pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
+    let name = "steps.csv";
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let metric_cols = metric_columns(&d.steps);
+    let mut header: Vec<String> = [
+        "step",
+        "trajectories",
+        "graded",
+        "reward_mean",
+        "infra_failures",
+        "groups",
+        "zero_variance_groups",
+        "response_tokens_mean",
+        "turns_mean",
+        "tool_calls_mean",
+        "reread_after_edit",
+        "files_viewed_before_edit",
+        "success_after_failure",
+        "audit_git_history",
+        "audit_test_edit",
+        "audit_blocked_egress",
+        "validation_passed",
+        "validation_gates_failed",
+        "eval_pass_at_1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    header.extend(metric_cols.iter().map(|c| format!("metrics_{c}")));
+    w.write_record(&header).map_err(csv_err(name))?;
+    for r in &d.steps {
+        let a = |k: &str| r.audit.get(k).copied().unwrap_or(0).to_string();
+        let v = r.validation.as_ref();
+        let eval_p1 = v
+            .and_then(|v| v.eval.get("score"))
+            .and_then(|s| s["overall"]["pass_at_1"].as_f64());
+        let mut rec = vec![
+            r.step.to_string(),
+            r.trajectories.to_string(),
+            r.graded.to_string(),
+            num(r.reward_mean),
+            r.infra_failures.to_string(),
+            r.groups.to_string(),
+            r.zero_variance_groups.to_string(),
+            num(r.response_tokens_mean),
+            num(r.turns_mean),
+            num(r.tool_calls_mean),
+            num(r.reread_after_edit),
+            num(r.files_viewed_before_edit),
+            num(r.success_after_failure),
+            a("git_history"),
+            a("test_edit"),
+            a("blocked_egress"),
+            v.map(|v| v.passed.to_string()).unwrap_or_default(),
+            v.map(|v| v.gates.iter().filter(|g| !g.passed).count().to_string())
+                .unwrap_or_default(),
+            num(eval_p1),
+        ];
+        let m = metric_map(&r.metrics);
+        for c in &metric_cols {
+            rec.push(match m.get(c) {
+                Some(serde_json::Value::Null) | None => String::new(),
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+            });
+        }
+        w.write_record(&rec).map_err(csv_err(name))?;
+    }
+    finish(w, name)
+}
+
+/// A per-group table (`tasks.csv`, `harnesses.csv`, `terminations.csv`) with `key` as its first column.
+pub fn group_csv(name: &str, key: &str, rows: &[GroupRow]) -> Result<Vec<u8>, ReportError> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        key,
+        "trajectories",
+        "graded",
+        "reward_mean",
+        "infra_failures",
+        "response_tokens_mean",
+        "tool_calls_mean",
+    ])
+    .map_err(csv_err(name))?;
+    for r in rows {
+        w.write_record([
+            r.key.clone(),
+            r.trajectories.to_string(),
+            r.graded.to_string(),
+            num(r.reward_mean),
+            r.infra_failures.to_string(),
+            num(r.response_tokens_mean),
+            num(r.tool_calls_mean),
+        ])
+        .map_err(csv_err(name))?;
+    }
+    finish(w, name)
+}
+
+/// Every table as (file name, bytes).
+pub fn all(d: &ReportData) -> Result<Vec<(&'static str, Vec<u8>)>, ReportError> {
+    Ok(vec![
+        ("steps.csv", steps_csv(d)?),
+        ("tasks.csv", group_csv("tasks.csv", "task_id", &d.tasks)?),
+        (
+            "harnesses.csv",
+            group_csv("harnesses.csv", "harness", &d.harnesses)?,
+        ),
+        (
+            "terminations.csv",
+            group_csv("terminations.csv", "termination", &d.terminations)?,
+        ),
+    ])
+}

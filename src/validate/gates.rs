@@ -1,0 +1,399 @@
+//! Gates: thresholds on run health that decide whether a run may continue (`validate` exits 1
+//! when one fails, so a Slurm chain stops). Defaults follow the paper's healthy ranges; a TOML
+//! file (`--gates`, see `examples/gates.toml`) and `--gate NAME=VALUE` override them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::health::{Health, StepHealth, CHECKS};
+use crate::records::{GateResult, StepMetrics};
+
+/// Errors in a gate configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("{path}: cannot read gate file: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: bad gate file: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("unknown gate `{name}` (known: {known})")]
+    Unknown { name: String, known: String },
+    #[error("bad --gate `{0}`: expected NAME=NUMBER or NAME=off")]
+    Flag(String),
+}
+
+/// Whether a gate's value must be at least or at most its threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    AtLeast,
+    AtMost,
+}
+
+impl Op {
+    fn symbol(self) -> &'static str {
+        match self {
+            Op::AtLeast => ">=",
+            Op::AtMost => "<=",
+        }
+    }
+    fn ok(self, value: f64, threshold: f64) -> bool {
+        match self {
+            Op::AtLeast => value >= threshold,
+            Op::AtMost => value <= threshold,
+        }
+    }
+    /// The worse of two values.
+    fn worse(self, a: f64, b: f64) -> bool {
+        match self {
+            Op::AtLeast => a < b,
+            Op::AtMost => a > b,
+        }
+    }
+}
+
+/// Every gate: name, direction, default threshold, what it measures.
+pub const GATES: &[(&str, Op, f64, &str)] = &[
+    (
+        "logprob_pearson",
+        Op::AtLeast,
+        0.99,
+        "rollout vs trainer log-prob Pearson (StepMetrics)",
+    ),
+    (
+        "expert_overlap",
+        Op::AtLeast,
+        0.9,
+        "trainer routing equal to the recorded one (StepMetrics)",
+    ),
+    (
+        "infra_failure_rate",
+        Op::AtMost,
+        0.1,
+        "trajectories that failed for infrastructure reasons",
+    ),
+    (
+        "align_drop_rate",
+        Op::AtMost,
+        0.05,
+        "assistant turns align dropped (AlignStats)",
+    ),
+    (
+        "git_history_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with a git_history audit event",
+    ),
+    (
+        "test_edit_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with a test_edit audit event",
+    ),
+    (
+        "blocked_egress_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with a blocked_egress audit event",
+    ),
+    (
+        "zero_variance_group_fraction",
+        Op::AtMost,
+        0.9,
+        "groups whose rewards are all equal (no signal)",
+    ),
+    (
+        "staleness_max",
+        Op::AtMost,
+        2.0,
+        "steps between the sampling policy and the step",
+    ),
+    (
+        "duplicate_trajectory_ids",
+        Op::AtMost,
+        0.0,
+        "trajectory ids seen twice",
+    ),
+    (
+        "samples_without_trajectory",
+        Op::AtMost,
+        0.0,
+        "samples whose trajectory is not in the run",
+    ),
+    (
+        "group_size_mismatches",
+        Op::AtMost,
+        0.0,
+        "groups of another size than the step's usual one",
+    ),
+    (
+        "policy_version_decreases",
+        Op::AtMost,
+        0.0,
+        "policy_version going back within a file or trajectory",
+    ),
+];
+
+/// Thresholds in force and which steps they apply to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateConfig {
+    /// Threshold per gate; a gate absent here is disabled.
+    pub thresholds: BTreeMap<String, f64>,
+    /// Judge every step, not only the latest.
+    pub all_steps: bool,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            thresholds: GATES.iter().map(|g| (g.0.to_string(), g.2)).collect(),
+            all_steps: false,
+        }
+    }
+}
+
+/// The TOML gate file: `all_steps`, `[thresholds]` (name = number), `disable` (names).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GateFile {
+    #[serde(default)]
+    all_steps: Option<bool>,
+    #[serde(default)]
+    thresholds: BTreeMap<String, f64>,
+    #[serde(default)]
+    disable: Vec<String>,
+}
+
+fn known(name: &str) -> Result<(), GateError> {
+    if GATES.iter().any(|g| g.0 == name) {
+        Ok(())
+    } else {
+        Err(GateError::Unknown {
+            name: name.to_string(),
+            known: GATES.iter().map(|g| g.0).collect::<Vec<_>>().join(", "),
+        })
+    }
+}
+
+impl GateConfig {
+    /// Applies a TOML gate file over the current settings.
+    pub fn apply_file(&mut self, path: &Path) -> Result<(), GateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GateError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.apply_toml(&text).map_err(|e| match e {
+            GateError::Parse { source, .. } => GateError::Parse {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Applies gate-file text (see [`GateConfig::apply_file`]).
+    pub fn apply_toml(&mut self, text: &str) -> Result<(), GateError> {
+        let file: GateFile = toml::from_str(text).map_err(|source| GateError::Parse {
+            path: PathBuf::new(),
+            source,
+        })?;
+        for (name, v) in file.thresholds {
+            known(&name)?;
+            self.thresholds.insert(name, v);
+        }
+        for name in file.disable {
+            known(&name)?;
+            self.thresholds.remove(&name);
+        }
+        if let Some(a) = file.all_steps {
+            self.all_steps = a;
+        }
+        Ok(())
+    }
+
+    /// Applies one `NAME=NUMBER` or `NAME=off` flag.
+    pub fn apply_flag(&mut self, flag: &str) -> Result<(), GateError> {
+        let (name, value) = flag.split_once('=').ok_or_else(|| GateError::Flag(flag.into()))?;
+        known(name)?;
+        if value == "off" {
+            self.thresholds.remove(name);
+        } else {
+            let v: f64 = value.parse().map_err(|_| GateError::Flag(flag.into()))?;
+            self.thresholds.insert(name.to_string(), v);
+        }
+        Ok(())
+    }
+}
+
+fn metric(name: &str, m: &StepMetrics) -> Option<f64> {
+    match name {
+        "logprob_pearson" => m.logprob_pearson,
+        "expert_overlap" => m.expert_overlap,
+        "staleness_max" => m.staleness_max.map(|v| v as f64),
+        "zero_variance_group_fraction" => m.zero_variance_group_fraction,
+        _ => None,
+    }
+}
+
+fn from_step(name: &str, s: &StepHealth) -> Option<f64> {
+    match name {
+        "infra_failure_rate" => s.infra_rate(),
+        "align_drop_rate" => s.align_drop_rate(),
+        "git_history_rate" => s.audit_rate("git_history"),
+        "test_edit_rate" => s.audit_rate("test_edit"),
+        "blocked_egress_rate" => s.audit_rate("blocked_egress"),
+        "zero_variance_group_fraction" => s.zero_variance_fraction(),
+        "staleness_max" => s.staleness_max.map(|v| v as f64),
+        _ => None,
+    }
+}
+
+/// Judges every enabled gate. Each gate's value is its worst over the judged steps (the latest
+/// step, or all with `all_steps`); trajectory-derived values win over StepMetrics ones where a
+/// step has both. A gate with nothing to measure passes with detail `not measured`.
+pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
+    let mut out = Vec::new();
+    for &(name, op, _, _) in GATES {
+        let Some(&threshold) = cfg.thresholds.get(name) else {
+            continue;
+        };
+        if CHECKS.contains(&name) {
+            let p = h.problems.get(name).cloned().unwrap_or_default();
+            let value = p.count as f64;
+            out.push(GateResult {
+                name: name.into(),
+                value: Some(value),
+                op: op.symbol().into(),
+                threshold,
+                passed: op.ok(value, threshold),
+                detail: (!p.examples.is_empty()).then(|| p.examples.join("; ")),
+            });
+            continue;
+        }
+        // (step, value) candidates: per step from trajectories, else from metrics.
+        let mut cands: BTreeMap<u64, f64> = BTreeMap::new();
+        for m in &h.metrics {
+            if let Some(v) = metric(name, m) {
+                let e = cands.entry(m.step).or_insert(v);
+                if op.worse(v, *e) {
+                    *e = v;
+                }
+            }
+        }
+        for (step, s) in &h.steps {
+            if let Some(v) = from_step(name, s) {
+                cands.insert(*step, v);
+            }
+        }
+        let judged: Vec<(u64, f64)> = if cfg.all_steps {
+            cands.into_iter().collect()
+        } else {
+            cands.into_iter().next_back().into_iter().collect()
+        };
+        let worst = judged
+            .iter()
+            .copied()
+            .reduce(|a, b| if op.worse(b.1, a.1) { b } else { a });
+        let failing: Vec<String> = judged
+            .iter()
+            .filter(|(_, v)| !op.ok(*v, threshold))
+            .map(|(s, v)| format!("step {s}: {v:.4}"))
+            .collect();
+        out.push(match worst {
+            None => GateResult {
+                name: name.into(),
+                value: None,
+                op: op.symbol().into(),
+                threshold,
+                passed: true,
+                detail: Some("not measured".into()),
+            },
+            Some((step, v)) => GateResult {
+                name: name.into(),
+                value: Some(v),
+                op: op.symbol().into(),
+                threshold,
+                passed: failing.is_empty(),
+                detail: Some(if failing.is_empty() {
+                    format!("worst at step {step}")
+                } else {
+                    format!("failing {}", failing.join(", "))
+                }),
+            },
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health_with(step: u64, infra: u64, of: u64) -> Health {
+        let mut h = Health::default();
+        h.steps.insert(
+            step,
+            StepHealth {
+                step,
+                trajectories: of,
+                infra_failures: infra,
+                ..Default::default()
+            },
+        );
+        h
+    }
+
+    #[test]
+    fn gate_file_overrides_defaults_and_rejects_unknown_names() {
+        let mut cfg = GateConfig::default();
+        cfg.apply_toml(
+            "all_steps = true\ndisable = [\"expert_overlap\"]\n[thresholds]\nlogprob_pearson = 0.98\n",
+        )
+        .unwrap();
+        assert!(cfg.all_steps);
+        assert_eq!(cfg.thresholds["logprob_pearson"], 0.98);
+        assert!(!cfg.thresholds.contains_key("expert_overlap"));
+        let err = cfg.apply_toml("[thresholds]\nnope = 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown gate `nope`"), "{err}");
+        cfg.apply_flag("infra_failure_rate=0.5").unwrap();
+        assert_eq!(cfg.thresholds["infra_failure_rate"], 0.5);
+        cfg.apply_flag("infra_failure_rate=off").unwrap();
+        assert!(!cfg.thresholds.contains_key("infra_failure_rate"));
+        assert!(cfg.apply_flag("infra_failure_rate").is_err());
+    }
+
+    #[test]
+    fn latest_step_is_judged_unless_all_steps() {
+        let mut h = health_with(0, 5, 10);
+        h.steps.insert(
+            1,
+            StepHealth {
+                step: 1,
+                trajectories: 10,
+                infra_failures: 0,
+                ..Default::default()
+            },
+        );
+        let mut cfg = GateConfig::default();
+        let g = judge(&h, &cfg);
+        let infra = g.iter().find(|g| g.name == "infra_failure_rate").unwrap();
+        assert_eq!(infra.value, Some(0.0));
+        assert!(infra.passed);
+        cfg.all_steps = true;
+        let g = judge(&h, &cfg);
+        let infra = g.iter().find(|g| g.name == "infra_failure_rate").unwrap();
+        assert_eq!(infra.value, Some(0.5));
+        assert!(!infra.passed);
+        assert_eq!(infra.detail.as_deref(), Some("failing step 0: 0.5000"));
+        let pearson = g.iter().find(|g| g.name == "logprob_pearson").unwrap();
+        assert!(pearson.passed && pearson.value.is_none());
+    }
+}

@@ -1,0 +1,333 @@
+//! `report` on synthetic runs: CSV tables, the HTML page opened in headless Chromium (plots
+//! rendered, a trajectory opened via `#traj=<id>` showing its tool calls, no script errors, a
+//! screenshot), and the live server following a growing run.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use lego_rl::io::AppendWriter;
+
+use crate::common::lego;
+use crate::synth::{trajectory, write_run, Synth};
+
+/// The Chromium binary; missing is a failure in CI and a skip (with a message) elsewhere.
+fn chromium() -> Option<PathBuf> {
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(out) = Command::new("which").arg(name).output() {
+            if out.status.success() {
+                return Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+            }
+        }
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "chromium is missing in CI: run scripts/install-test-deps.sh"
+    );
+    eprintln!("SKIPPED: chromium not installed (scripts/install-test-deps.sh installs it)");
+    None
+}
+
+fn headless(bin: &Path, profile: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--virtual-time-budget=5000",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    c
+}
+
+fn dump_dom(bin: &Path, profile: &Path, url: &str) -> String {
+    let out = headless(bin, profile)
+        .arg("--dump-dom")
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn attr_number(dom: &str, id: &str) -> u64 {
+    let at = dom
+        .find(&format!("id=\"{id}\" data-points=\""))
+        .unwrap_or_else(|| panic!("no #{id}"));
+    let rest = &dom[at + id.len() + 19..];
+    rest[..rest.find('"').unwrap()].parse().unwrap()
+}
+
+/// Rendered tool calls (not the script's template text).
+fn tool_calls(dom: &str) -> usize {
+    dom.matches("class=\"tool-call\" data-name=").count()
+        + dom.matches("class=\"tool-call failed\" data-name=").count()
+}
+
+fn enc(id: &str) -> String {
+    id.replace('/', "%2F")
+}
+
+#[test]
+fn static_report_writes_csv_and_a_page_that_renders() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    write_run(
+        &run,
+        &Synth {
+            git_every: 4,
+            test_edit_every: 8,
+            ..Default::default()
+        },
+    );
+    // A validation report so the page shows a validation score and gates.
+    let out = lego()
+        .arg("validate")
+        .arg(&run)
+        .arg("--eval")
+        .arg(run.join("trajectories/step-000002.jsonl.zst"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the audit gates fail on this run: {out:?}"
+    );
+    let out_dir = dir.path().join("out");
+    let out = lego()
+        .args(["report", "--max-trajectories", "12", "-o"])
+        .arg(&out_dir)
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // CSV: one row per step with behaviour and metrics columns.
+    let steps = std::fs::read_to_string(out_dir.join("steps.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(steps.as_bytes());
+    let header: Vec<String> = rdr.headers().unwrap().iter().map(str::to_string).collect();
+    let rows: Vec<csv::StringRecord> = rdr.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 3);
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("{name} in {header:?}"))
+    };
+    assert_eq!(&rows[2][col("metrics_logprob_pearson")], "0.997");
+    assert_eq!(&rows[0][col("trajectories")], "16");
+    assert_eq!(&rows[0][col("audit_git_history")], "4");
+    assert_eq!(&rows[2][col("validation_passed")], "false");
+    // Every trajectory edits; half (Claude Code) never re-read, and the OpenHands ones re-read
+    // unless (task + sample + step) % 3 == 0.
+    let reread: f64 = rows[0][col("reread_after_edit")].parse().unwrap();
+    let expect = (0..4)
+        .flat_map(|t| (0..4).map(move |s| (t, s)))
+        .filter(|(t, s)| s % 2 == 0 && (t + s) % 3 != 0)
+        .count() as f64
+        / 16.0;
+    assert_eq!(reread, expect);
+    assert_eq!(
+        &rows[0][col("files_viewed_before_edit")],
+        "1.5",
+        "OpenHands views 2 files, Claude Code 1"
+    );
+    let harnesses = std::fs::read_to_string(out_dir.join("harnesses.csv")).unwrap();
+    assert!(harnesses.starts_with("harness,trajectories"), "{harnesses}");
+    assert!(harnesses.contains("claude-code,24,"), "{harnesses}");
+    let terms = std::fs::read_to_string(out_dir.join("terminations.csv")).unwrap();
+    assert!(terms.contains("max_turns,12,"), "{terms}");
+    let tasks = std::fs::read_to_string(out_dir.join("tasks.csv")).unwrap();
+    assert_eq!(tasks.lines().count(), 5);
+
+    let html = std::fs::read_to_string(out_dir.join("index.html")).unwrap();
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no network references"
+    );
+    let Some(bin) = chromium() else { return };
+    let id = "owner__repo0-100/100/0";
+    assert!(
+        html.contains(&format!("\"{id}\"")),
+        "the first trajectory of step 1 is embedded"
+    );
+    let profile = dir.path().join("profile");
+    let url = format!("file://{}#traj={}", out_dir.join("index.html").display(), enc(id));
+    let dom = dump_dom(&bin, &profile, &url);
+    assert!(
+        dom.contains("<div id=\"errors\"></div>"),
+        "script errors: {}",
+        &dom[dom.find("id=\"errors\"").unwrap()..][..400]
+    );
+    for plot in [
+        "plot-reward",
+        "plot-logprob",
+        "plot-clip",
+        "plot-grad",
+        "plot-zvar",
+        "plot-audit",
+        "plot-behaviour",
+        "plot-viewed",
+        "plot-turns",
+    ] {
+        assert!(attr_number(&dom, plot) >= 3, "{plot} has points");
+    }
+    assert!(
+        dom.contains("class=\"pt\" data-series=\"Pearson\" data-x=\"2\" data-y=\"0.997\""),
+        "Pearson point of step 2"
+    );
+    assert!(
+        dom.contains("data-series=\"held-out pass@1\""),
+        "validation score plotted"
+    );
+    assert!(
+        attr_number(&dom, "bar-termination") == 2 && attr_number(&dom, "bar-tools") == 5,
+        "termination and tool bars"
+    );
+    assert!(
+        dom.contains(&format!("id=\"detail-title\">Trajectory {id}")),
+        "trajectory opened"
+    );
+    assert_eq!(tool_calls(&dom), 6, "its six tool calls");
+    assert!(dom.contains("data-name=\"str_replace_editor\" data-action=\"edit\""));
+    assert!(dom.contains("class=\"tool-call failed\" data-name=\"execute_bash\" data-action=\"run\""));
+    assert!(dom.contains("1 failed\n[Command finished with exit code 1]"));
+    assert!(dom.contains("id=\"logprob-heat\""), "per-token differences");
+    assert!(dom.contains("id=\"stages\""), "stage timings");
+    // The trajectory list holds the embedded sample, and its rows link to details.
+    assert_eq!(dom.matches("class=\"traj-row\" data-id=\"owner").count(), 12);
+    // Screenshot for a human (a CI artifact).
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    for (name, hash) in [
+        ("report.png", String::new()),
+        ("report-trajectory.png", format!("#traj={}", enc(id))),
+    ] {
+        let png = shots.join(name);
+        let _ = std::fs::remove_file(&png);
+        let url = format!("file://{}{hash}", out_dir.join("index.html").display());
+        let out = headless(&bin, &profile)
+            .arg(format!("--screenshot={}", png.display()))
+            .arg("--window-size=1400,2600")
+            .arg(url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(std::fs::metadata(&png).unwrap().len() > 10_000, "a real image");
+        eprintln!("screenshot: {}", png.display());
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let status = buf[9..12].parse().unwrap();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+struct Server(Child);
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn live_server_follows_a_growing_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let s = Synth {
+        steps: 1,
+        ..Default::default()
+    };
+    write_run(&run, &s);
+    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
+    let child = Command::new(bin)
+        .args(["report", "--serve", "--bind", "127.0.0.1:0"])
+        .arg(&run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut server = Server(child);
+    let mut line = String::new();
+    BufReader::new(server.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    let summary = |addr: &str| -> serde_json::Value {
+        let (status, body) = http_get(addr, "/api/summary");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let v = summary(&addr);
+    assert_eq!(v["trajectory_count"], 16);
+    assert_eq!(v["live"], true);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 1);
+    // A producer appends a new step's file, one committed frame, plus a torn tail.
+    let path = run.join("trajectories/step-000001.jsonl.zst");
+    let (mut w, _) = AppendWriter::open(&path).unwrap();
+    for i in 0..3 {
+        w.push(&trajectory(&s, 1, i, 0, i)).unwrap();
+    }
+    w.commit().unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(&[0x28, 0xb5, 0x2f, 0xfd, 0x00])
+        .unwrap();
+    let v = summary(&addr);
+    assert_eq!(v["trajectory_count"], 19, "new records seen, torn frame ignored");
+    assert_eq!(v["steps"][1]["trajectories"], 3);
+    // Details load lazily, by id.
+    let id = "owner__repo1-101/101/0";
+    let (status, body) = http_get(&addr, &format!("/api/trajectory?id={}", enc(id)));
+    assert_eq!(status, 200, "{body}");
+    let d: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(d["summary"]["id"], id);
+    assert_eq!(d["behaviour"]["tool_calls"], 6);
+    let (status, _) = http_get(&addr, "/api/trajectory?id=nope");
+    assert_eq!(status, 404);
+    let (status, page) = http_get(&addr, "/");
+    assert_eq!(status, 200);
+    assert!(page.contains("\"live\":true") && page.contains("\"trajectory_count\":19"));
+    // The page in a browser opens a trajectory fetched from the server.
+    let Some(chrome) = chromium() else { return };
+    let dom = dump_dom(
+        &chrome,
+        &dir.path().join("profile"),
+        &format!("http://{addr}/#traj={}", enc(id)),
+    );
+    assert!(dom.contains("<div id=\"errors\"></div>"), "script errors");
+    assert!(
+        dom.contains(&format!("id=\"detail-title\">Trajectory {id}")),
+        "opened lazily"
+    );
+    assert_eq!(tool_calls(&dom), 6);
+}

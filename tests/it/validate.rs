@@ -1,0 +1,278 @@
+//! `validate` on synthetic runs: gates passing and failing (exit 0/1), corrupted inputs (exit 2
+//! naming file and record), the appended validation report, held-out eval and comparison.
+
+use std::io::Write;
+
+use lego_rl::io::{read_all, ReadOptions};
+use lego_rl::records::ValidationReport;
+use serde_json::Value;
+
+use crate::common::lego;
+use crate::synth::{write_run, Synth};
+
+fn gate<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["report"]["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == name)
+        .unwrap_or_else(|| panic!("gate {name} in {v}"))
+}
+
+#[test]
+fn healthy_run_passes_and_appends_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), &Synth::default());
+    let out = lego().arg("validate").arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("13 gate(s), 0 failed"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
+        "{text}"
+    );
+    // Twice: the report file grows by one record per run.
+    let out = lego()
+        .args(["validate", "--json"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        gate(&v, "zero_variance_group_fraction")["value"],
+        0.25,
+        "task 0 always fails: 1 of 4 groups"
+    );
+    assert_eq!(
+        gate(&v, "align_drop_rate")["value"].as_f64().unwrap(),
+        1.0 / 101.0
+    );
+    assert_eq!(v["health"]["samples"], 48);
+    let reports: Vec<ValidationReport> =
+        read_all(&dir.path().join("validation.jsonl.zst"), ReadOptions::default()).unwrap();
+    assert_eq!(reports.len(), 2);
+    assert!(reports[1].passed);
+    assert_eq!(reports[1].step, Some(2));
+    assert_eq!(reports[1].checks["trajectories"], 48);
+}
+
+#[test]
+fn failing_gates_exit_1_and_can_be_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            last_pearson: 0.95,
+            git_every: 2,
+            ..Default::default()
+        },
+    );
+    let out = lego()
+        .args(["validate", "--no-report", "--json"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = gate(&v, "logprob_pearson");
+    assert_eq!(p["value"], 0.95);
+    assert_eq!(p["passed"], false);
+    assert_eq!(p["detail"], "failing step 2: 0.9500");
+    assert_eq!(gate(&v, "git_history_rate")["value"], 0.5);
+    assert_eq!(gate(&v, "git_history_rate")["passed"], false);
+    assert_eq!(v["health"]["steps"]["2"]["audit"]["git_history"], 8);
+    assert!(
+        !dir.path().join("validation.jsonl.zst").exists(),
+        "--no-report writes nothing"
+    );
+    // Looser thresholds from flags and a gate file make it pass.
+    let gates = dir.path().join("gates.toml");
+    std::fs::write(
+        &gates,
+        "disable = [\"git_history_rate\"]\n[thresholds]\nlogprob_pearson = 0.9\n",
+    )
+    .unwrap();
+    let out = lego()
+        .args(["validate", "--gates"])
+        .arg(&gates)
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = lego()
+        .args([
+            "validate",
+            "--gate",
+            "logprob_pearson=0.9",
+            "--gate",
+            "git_history_rate=0.6",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report: Vec<ValidationReport> =
+        read_all(&dir.path().join("validation.jsonl.zst"), ReadOptions::default()).unwrap();
+    assert_eq!(report.len(), 2);
+    // The shipped example gate file parses.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gates.toml");
+    let out = lego()
+        .args(["validate", "--no-report", "--gates", example])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // An unknown gate name is an error (2).
+    let out = lego()
+        .args(["validate", "--gate", "nope=1"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown gate `nope`"));
+}
+
+#[test]
+fn all_steps_catches_an_earlier_bad_step() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            infra_every: 3,
+            ..Default::default()
+        },
+    );
+    // 6 of 16 trajectories per step fail for infra reasons: 0.375.
+    let out = lego()
+        .args(["validate", "--no-report", "--json", "--all-steps"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(gate(&v, "infra_failure_rate")["value"], 0.375);
+}
+
+#[test]
+fn cross_file_inconsistency_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            orphan_sample: true,
+            ..Default::default()
+        },
+    );
+    let out = lego()
+        .args(["validate", "--no-report"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("samples_without_trajectory") && text.contains("names missing trajectory ghost/0/0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn corrupted_inputs_exit_2_naming_file_and_record() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), &Synth::default());
+    // A plain-JSONL trajectory file whose second record lacks required fields.
+    let bad = dir.path().join("trajectories/step-000003.jsonl");
+    let good = serde_json::to_string(&crate::synth::trajectory(&Synth::default(), 3, 0, 0, 0)).unwrap();
+    let mut f = std::fs::File::create(&bad).unwrap();
+    writeln!(f, "{good}\n{{\"schema\":\"lego-rl/trajectory/v1\",\"id\":\"x\"}}").unwrap();
+    drop(f);
+    let out = lego().arg("validate").arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("step-000003.jsonl: record 2:"), "{err}");
+    assert!(
+        !dir.path().join("validation.jsonl.zst").exists(),
+        "no report after an error"
+    );
+    // A truncated zstd metrics file.
+    std::fs::remove_file(&bad).unwrap();
+    let m = dir.path().join("metrics.jsonl.zst");
+    let bytes = std::fs::read(&m).unwrap();
+    std::fs::write(&m, &bytes[..bytes.len() - 4]).unwrap();
+    let out = lego().arg("validate").arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("metrics.jsonl.zst"), "{err}");
+    // Not a run directory at all.
+    let empty = tempfile::tempdir().unwrap();
+    let out = lego().arg("validate").arg(empty.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a run directory"));
+}
+
+#[test]
+fn explicit_files_with_health() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            last_pearson: 0.5,
+            ..Default::default()
+        },
+    );
+    let t = dir.path().join("trajectories/step-000002.jsonl.zst");
+    let m = dir.path().join("metrics.jsonl.zst");
+    // Without --health: record checks only (all good, exit 0).
+    let out = lego().arg("validate").arg(&t).arg(&m).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trajectory:16"));
+    // With --health: gates judge them (the Pearson gate fails).
+    let out = lego()
+        .args(["validate", "--health", "--json"])
+        .arg(&t)
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(gate(&v, "logprob_pearson")["value"], 0.5);
+}
+
+#[test]
+fn held_out_eval_and_compare() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), &Synth::default());
+    let a = dir.path().join("trajectories/step-000000.jsonl.zst");
+    let b = dir.path().join("trajectories/step-000001.jsonl.zst");
+    let out = lego()
+        .args(["validate", "--json", "--eval"])
+        .arg(&a)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["eval"]["score"]["overall"];
+    // Step 0: task 0 never passes; task t passes sample i iff (i + t) % 3 != 0.
+    let expect: f64 = (1..4)
+        .map(|t| (0..4).filter(|i| (i + t) % 3 != 0).count() as f64 / 4.0)
+        .sum::<f64>()
+        / 4.0;
+    assert_eq!(s["pass_at_1"].as_f64().unwrap(), expect);
+    assert_eq!(s["tasks"], 4);
+    assert!(s["pass_at_k"]["4"].as_f64().unwrap() == 0.75, "{s}");
+    let ci = s["ci95"].as_array().unwrap();
+    assert!(ci[0].as_f64().unwrap() <= expect && ci[1].as_f64().unwrap() >= expect);
+    assert_eq!(v["eval"]["score"]["per_harness"]["claude-code"]["samples"], 8);
+    assert_eq!(v["eval"]["score"]["per_repo"]["owner/repo0"]["tasks"], 2);
+    let out = lego()
+        .args(["validate", "--compare"])
+        .arg(&a)
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("compare: 4 common task(s)"), "{text}");
+}
