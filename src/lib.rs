@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cmd;
 pub mod env;
 pub mod io;
+pub mod model;
 pub mod records;
 pub mod ui;
 pub mod validate;

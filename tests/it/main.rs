@@ -3,3 +3,4 @@
 mod cli;
 mod common;
 mod io;
+mod model;
