@@ -10,5 +10,6 @@ pub mod env;
 pub mod io;
 pub mod model;
 pub mod records;
+pub mod train;
 pub mod ui;
 pub mod validate;
