@@ -89,7 +89,8 @@ pub struct TrainStepArgs {
 
 /// Runs `train-step`.
 pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let device = parse_device(&args.device).with_context(|| format!("--device {}: expected cpu, cuda or cuda:N", args.device))?;
+    let device = parse_device(&args.device)
+        .with_context(|| format!("--device {}: expected cpu, cuda or cuda:N", args.device))?;
     let kind = args
         .dtype
         .as_deref()

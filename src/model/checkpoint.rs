@@ -118,7 +118,10 @@ impl Model {
             })?;
             for (name, view) in st.tensors() {
                 let Some(var) = vars.get(&name) else {
-                    tracing::debug!("{}: ignoring tensor `{name}` the model does not use", path.display());
+                    tracing::debug!(
+                        "{}: ignoring tensor `{name}` the model does not use",
+                        path.display()
+                    );
                     continue;
                 };
                 let k = to_kind(view.dtype()).ok_or_else(|| ModelError::DType {
@@ -192,14 +195,21 @@ impl Model {
                 .as_ref()
                 .and_then(|m| m.get(&name).cloned())
                 .unwrap_or_else(|| SINGLE.to_string());
-            let t = t.detach().to_device(Device::Cpu).to_kind(self.file_kind).contiguous();
+            let t = t
+                .detach()
+                .to_device(Device::Cpu)
+                .to_kind(self.file_kind)
+                .contiguous();
             by_file.entry(file).or_default().push((name, t));
         }
         let mut total = 0usize;
         for (file, tensors) in &by_file {
             let path = dir.join(file);
             write_safetensors(&path, tensors, self.file_kind)?;
-            total += tensors.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>();
+            total += tensors
+                .iter()
+                .map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes())
+                .sum::<usize>();
         }
         if let Some(map) = &self.shard_map {
             let index = serde_json::json!({
@@ -249,7 +259,9 @@ fn weight_files(dir: &Path) -> Result<WeightFiles, ModelError> {
     if dir.join(SINGLE).is_file() {
         return Ok((vec![SINGLE.to_string()], None));
     }
-    Err(ModelError::NoWeights { dir: dir.to_path_buf() })
+    Err(ModelError::NoWeights {
+        dir: dir.to_path_buf(),
+    })
 }
 
 fn write_safetensors(path: &Path, tensors: &[(String, Tensor)], kind: Kind) -> Result<(), ModelError> {

@@ -96,7 +96,9 @@ impl Config {
                 .get("rope_theta")
                 .and_then(Value::as_f64)
                 .ok_or("`rope_parameters` has no numeric `rope_theta`")?,
-            (None, None) => return Err("missing required key `rope_theta` (or `rope_parameters.rope_theta`)".into()),
+            (None, None) => {
+                return Err("missing required key `rope_theta` (or `rope_parameters.rope_theta`)".into())
+            }
         };
         for scaling in [&raw.rope_scaling, &raw.rope_parameters].into_iter().flatten() {
             let kind = scaling
@@ -105,7 +107,9 @@ impl Config {
                 .and_then(Value::as_str)
                 .unwrap_or("default");
             if kind != "default" {
-                return Err(format!("unsupported rope type `{kind}` (only `default` RoPE is implemented)"));
+                return Err(format!(
+                    "unsupported rope type `{kind}` (only `default` RoPE is implemented)"
+                ));
             }
         }
         let model_type = req(raw.model_type, "model_type")?;
@@ -172,7 +176,9 @@ impl Config {
 
     /// Indices of the MoE layers, in order; routing arrays index layers by position in this list.
     pub fn moe_layers(&self) -> Vec<i64> {
-        (0..self.num_hidden_layers).filter(|&i| self.is_moe_layer(i)).collect()
+        (0..self.num_hidden_layers)
+            .filter(|&i| self.is_moe_layer(i))
+            .collect()
     }
 
     /// A tiny dense config for unit tests (vocab 64, hidden 32, 2 layers).
@@ -234,7 +240,10 @@ mod tests {
         o.insert("num_local_experts".into(), n);
         o.remove("rope_theta");
         o.remove("rope_scaling");
-        o.insert("rope_parameters".into(), serde_json::json!({"rope_type":"default","rope_theta":1000000.0}));
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type":"default","rope_theta":1000000.0}),
+        );
         let d = o.remove("torch_dtype").unwrap();
         o.insert("dtype".into(), d);
         let newer = Config::from_json(&v.to_string()).unwrap();
@@ -250,10 +259,13 @@ mod tests {
         let err = Config::from_json(r#"{"model_type":"qwen3","vocab_size":10}"#).unwrap_err();
         assert!(err.contains("`rope_theta`"), "{err}");
         let err =
-            Config::from_json(r#"{"model_type":"qwen3","vocab_size":10,"rope_theta":1e4,"hidden_size":8}"#).unwrap_err();
+            Config::from_json(r#"{"model_type":"qwen3","vocab_size":10,"rope_theta":1e4,"hidden_size":8}"#)
+                .unwrap_err();
         assert!(err.contains("`num_attention_heads`"), "{err}");
-        let err = Config::from_json(r#"{"model_type":"qwen3","rope_theta":1e4,"rope_scaling":{"rope_type":"yarn"}}"#)
-            .unwrap_err();
+        let err = Config::from_json(
+            r#"{"model_type":"qwen3","rope_theta":1e4,"rope_scaling":{"rope_type":"yarn"}}"#,
+        )
+        .unwrap_err();
         assert!(err.contains("yarn"), "{err}");
     }
 

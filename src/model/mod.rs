@@ -49,7 +49,11 @@ pub enum ModelError {
         want: Vec<i64>,
     },
     #[error("{path}: tensor `{name}` has unsupported dtype {dtype}")]
-    DType { path: PathBuf, name: String, dtype: String },
+    DType {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
     #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
     NoWeights { dir: PathBuf },
     #[error("{0}")]

@@ -85,7 +85,8 @@ impl SparseMoe {
                 continue;
             }
             let tokens = token_of.narrow(0, start, n);
-            let y = self.experts[e].forward(&x.index_select(0, &tokens)) * gate_sorted.narrow(0, start, n).unsqueeze(-1);
+            let y = self.experts[e].forward(&x.index_select(0, &tokens))
+                * gate_sorted.narrow(0, start, n).unsqueeze(-1);
             out = out.index_add(0, &tokens, &y);
             start += n;
         }

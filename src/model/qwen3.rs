@@ -9,7 +9,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::layers::{rope_tables, AttnMask, Attention, KvCache, Mlp, RmsNorm, INIT_STD};
+use super::layers::{rope_tables, Attention, AttnMask, KvCache, Mlp, RmsNorm, INIT_STD};
 use super::moe::SparseMoe;
 use super::Config;
 
@@ -40,7 +40,11 @@ impl DecoderLayer {
         DecoderLayer {
             input_layernorm: RmsNorm::new(&(p / "input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps),
             self_attn: Attention::new(&(p / "self_attn"), cfg),
-            post_attention_layernorm: RmsNorm::new(&(p / "post_attention_layernorm"), cfg.hidden_size, cfg.rms_norm_eps),
+            post_attention_layernorm: RmsNorm::new(
+                &(p / "post_attention_layernorm"),
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            ),
             mlp,
         }
     }
@@ -94,12 +98,14 @@ impl CausalLm {
     /// Creates every var under `p` (the VarStore root), randomly initialised like transformers.
     pub fn new(p: &nn::Path, cfg: &Config) -> Self {
         let m = p / "model";
-        let embed_tokens = (&m / "embed_tokens").randn("weight", &[cfg.vocab_size, cfg.hidden_size], 0.0, INIT_STD);
+        let embed_tokens =
+            (&m / "embed_tokens").randn("weight", &[cfg.vocab_size, cfg.hidden_size], 0.0, INIT_STD);
         let lp = &m / "layers";
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| DecoderLayer::new(&(&lp / i), cfg, i))
             .collect();
-        let lm_head = (!cfg.tie_word_embeddings).then(|| super::layers::weight(&(p / "lm_head"), cfg.vocab_size, cfg.hidden_size));
+        let lm_head = (!cfg.tie_word_embeddings)
+            .then(|| super::layers::weight(&(p / "lm_head"), cfg.vocab_size, cfg.hidden_size));
         CausalLm {
             cfg: cfg.clone(),
             embed_tokens,
@@ -130,8 +136,12 @@ impl CausalLm {
         let mut own = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| c.slot(i));
-            let h = layer.self_attn.forward(&layer.input_layernorm.forward(&x), &cos, &sin, &input.mask, slot);
-            x = x + h;
+            let h =
+                layer
+                    .self_attn
+                    .forward(&layer.input_layernorm.forward(&x), &cos, &sin, &input.mask, slot);
+            // Out of place: autograd saved `x` for the norm's backward (`+=` would be in place).
+            x = &x + h;
             let hn = layer.post_attention_layernorm.forward(&x);
             let h = match &layer.mlp {
                 FeedForward::Dense(mlp) => mlp.forward(&hn),
@@ -143,7 +153,7 @@ impl CausalLm {
                     out
                 }
             };
-            x = x + h;
+            x = &x + h;
         }
         let hidden = self.norm.forward(&x);
         let stack = |v: Vec<Tensor>| (!v.is_empty()).then(|| Tensor::stack(&v, 1));

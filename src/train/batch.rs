@@ -63,9 +63,17 @@ fn bad(path: &Path, record: usize, id: &str, msg: String) -> TrainError {
 
 impl Batch {
     /// Validates `samples` (read from `path`) against the model and computes advantages.
-    pub fn new(samples: &[Sample], cfg: &Config, moe_layers: usize, path: &Path, adv_eps: f64) -> Result<Self, TrainError> {
+    pub fn new(
+        samples: &[Sample],
+        cfg: &Config,
+        moe_layers: usize,
+        path: &Path,
+        adv_eps: f64,
+    ) -> Result<Self, TrainError> {
         if samples.is_empty() {
-            return Err(TrainError::NoSamples { path: path.to_path_buf() });
+            return Err(TrainError::NoSamples {
+                path: path.to_path_buf(),
+            });
         }
         let mut batch = Batch::default();
         let mut traj_index: HashMap<&str, usize> = HashMap::new();
@@ -123,12 +131,20 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
     if n == 0 {
         return Err(bad(path, r, &s.id, "token_ids is empty".into()));
     }
-    if let Some((i, &tok)) = s.token_ids.iter().enumerate().find(|(_, &t)| t as i64 >= cfg.vocab_size) {
+    if let Some((i, &tok)) = s
+        .token_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as i64 >= cfg.vocab_size)
+    {
         return Err(bad(
             path,
             r,
             &s.id,
-            format!("token_ids[{i}] = {tok} is outside the model's vocabulary (vocab_size {})", cfg.vocab_size),
+            format!(
+                "token_ids[{i}] = {tok} is outside the model's vocabulary (vocab_size {})",
+                cfg.vocab_size
+            ),
         ));
     }
     if s.loss_mask.len() != n {
@@ -136,12 +152,20 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
             path,
             r,
             &s.id,
-            format!("loss_mask covers {} positions, token_ids has {n}", s.loss_mask.len()),
+            format!(
+                "loss_mask covers {} positions, token_ids has {n}",
+                s.loss_mask.len()
+            ),
         ));
     }
     let mask = s.loss_mask.to_dense();
     if mask[0] {
-        return Err(bad(path, r, &s.id, "loss_mask marks position 0, which has no context to predict it from".into()));
+        return Err(bad(
+            path,
+            r,
+            &s.id,
+            "loss_mask marks position 0, which has no context to predict it from".into(),
+        ));
     }
     let pred_at: Vec<i64> = (1..n).filter(|&t| mask[t]).map(|t| t as i64 - 1).collect();
     let rollout_lp = s
@@ -153,7 +177,11 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
             path,
             r,
             &s.id,
-            format!("rollout_logprobs has {} values, loss_mask has {} ones", rollout_lp.len(), pred_at.len()),
+            format!(
+                "rollout_logprobs has {} values, loss_mask has {} ones",
+                rollout_lp.len(),
+                pred_at.len()
+            ),
         ));
     }
     let routing = match (&s.routing, moe_layers) {
@@ -172,7 +200,9 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
                     ),
                 ));
             }
-            let ids = p.to_u32().map_err(|e| bad(path, r, &s.id, format!("routing: {e}")))?;
+            let ids = p
+                .to_u32()
+                .map_err(|e| bad(path, r, &s.id, format!("routing: {e}")))?;
             if let Some(&e) = ids.iter().find(|&&e| e as i64 >= cfg.num_experts) {
                 return Err(bad(
                     path,

@@ -109,7 +109,12 @@ pub fn coefficients(kind: LossKind, terms: &[TrajTerm], eps_low: f64, eps_high: 
 /// (population std). Returns per-member (advantage, contributes) and whether the group had zero
 /// variance. Fewer than 2 valid members, or zero variance: nobody contributes.
 pub fn group_advantages(rewards: &[f64], weights: &[f64], eps: f64) -> (Vec<(f64, bool)>, bool) {
-    let valid: Vec<f64> = rewards.iter().zip(weights).filter(|(_, &w)| w > 0.0).map(|(&r, _)| r).collect();
+    let valid: Vec<f64> = rewards
+        .iter()
+        .zip(weights)
+        .filter(|(_, &w)| w > 0.0)
+        .map(|(&r, _)| r)
+        .collect();
     let none = vec![(0.0, false); rewards.len()];
     if valid.len() < 2 {
         return (none, false);
@@ -123,7 +128,13 @@ pub fn group_advantages(rewards: &[f64], weights: &[f64], eps: f64) -> (Vec<(f64
     let out = rewards
         .iter()
         .zip(weights)
-        .map(|(&r, &w)| if w > 0.0 { ((r - mean) / (std + eps), true) } else { (0.0, false) })
+        .map(|(&r, &w)| {
+            if w > 0.0 {
+                ((r - mean) / (std + eps), true)
+            } else {
+                (0.0, false)
+            }
+        })
         .collect();
     (out, false)
 }
@@ -144,7 +155,13 @@ mod tests {
         (old, cur, traj_of_token)
     }
 
-    fn terms_at(cur: &[f64], old: &[f64], traj: &[usize], adv: &[(f64, bool)], weights: &[f64]) -> Vec<TrajTerm> {
+    fn terms_at(
+        cur: &[f64],
+        old: &[f64],
+        traj: &[usize],
+        adv: &[(f64, bool)],
+        weights: &[f64],
+    ) -> Vec<TrajTerm> {
         (0..adv.len())
             .map(|i| {
                 let toks: Vec<usize> = (0..cur.len()).filter(|&t| traj[t] == i).collect();
@@ -171,7 +188,10 @@ mod tests {
         assert!(zero);
         assert!(b.iter().all(|x| !x.1));
         let (c, zero) = group_advantages(&[1.0, 0.0], &[1.0, 0.0], 1e-6);
-        assert!(!zero && c.iter().all(|x| !x.1), "one valid member contributes nothing");
+        assert!(
+            !zero && c.iter().all(|x| !x.1),
+            "one valid member contributes nothing"
+        );
     }
 
     #[test]
@@ -180,7 +200,12 @@ mod tests {
         let (adv, _) = group_advantages(&[1.0, 0.0, 1.0], &[1.0, 1.0, 0.0], 1e-6);
         let weights = [1.0, 1.0, 0.0];
         let (el, eh) = (3e-4, 4e-4);
-        let obj = coefficients(LossKind::Gspo, &terms_at(&cur, &old, &traj, &adv, &weights), el, eh);
+        let obj = coefficients(
+            LossKind::Gspo,
+            &terms_at(&cur, &old, &traj, &adv, &weights),
+            el,
+            eh,
+        );
         // By hand: N = 2. s0 = exp(0.03/3) = e^0.01, clipped to 1.0004 (A0 = +0.999998);
         // s1 = exp(-0.0002/2) = e^-0.0001, inside the band, A1 = -0.999998.
         let a = 0.5 / (0.5 + 1e-6);
@@ -190,7 +215,8 @@ mod tests {
         assert_eq!(obj.clipped, vec![true, false, false]);
         assert_eq!(obj.denominator, 2.0);
         // Per-token gradient vs central finite differences of the loss.
-        let loss_at = |c: &[f64]| coefficients(LossKind::Gspo, &terms_at(c, &old, &traj, &adv, &weights), el, eh).loss;
+        let loss_at =
+            |c: &[f64]| coefficients(LossKind::Gspo, &terms_at(c, &old, &traj, &adv, &weights), el, eh).loss;
         for t in 0..cur.len() {
             let h = 1e-7;
             let mut up = cur.clone();
@@ -214,39 +240,67 @@ mod tests {
         let weights = [1.0, 1.0, 0.0];
         let (el, eh) = (0.05, 0.05);
         let targets = Tensor::from_slice(&[1i64, 0, 2, 1, 0]);
-        let base = [0.1f64, 0.3, -0.2, 0.5, 0.0, 0.1, -0.3, 0.2, 0.4, 0.0, 0.1, 0.2, 0.3, 0.2, 0.1];
+        let base = [
+            0.1f64, 0.3, -0.2, 0.5, 0.0, 0.1, -0.3, 0.2, 0.4, 0.0, 0.1, 0.2, 0.3, 0.2, 0.1,
+        ];
         let at = |j: usize, h: f64| {
             let mut v = base;
             v[j] += h;
             Tensor::from_slice(&v).reshape([5, 3])
         };
         let logits0 = at(0, 0.0);
-        let lp_of = |l: &Tensor| l.log_softmax(-1, Kind::Double).gather(1, &targets.unsqueeze(1), false).squeeze_dim(1);
+        let lp_of = |l: &Tensor| {
+            l.log_softmax(-1, Kind::Double)
+                .gather(1, &targets.unsqueeze(1), false)
+                .squeeze_dim(1)
+        };
         let loss_of = |l: &Tensor| {
             let cur = Vec::<f64>::try_from(lp_of(l)).unwrap();
-            coefficients(LossKind::Gspo, &terms_at(&cur, &old, &traj, &adv, &weights), el, eh).loss
+            coefficients(
+                LossKind::Gspo,
+                &terms_at(&cur, &old, &traj, &adv, &weights),
+                el,
+                eh,
+            )
+            .loss
         };
         let logits = logits0.copy().set_requires_grad(true);
         let lp = lp_of(&logits);
         let cur = Vec::<f64>::try_from(lp.detach()).unwrap();
-        let obj = coefficients(LossKind::Gspo, &terms_at(&cur, &old, &traj, &adv, &weights), el, eh);
-        assert!(obj.ratio[0] > 1.0 + eh, "trajectory 0 is clipped in this example too");
+        let obj = coefficients(
+            LossKind::Gspo,
+            &terms_at(&cur, &old, &traj, &adv, &weights),
+            el,
+            eh,
+        );
+        assert!(
+            obj.ratio[0] > 1.0 + eh,
+            "trajectory 0 is clipped in this example too"
+        );
         let c: Vec<f64> = traj.iter().map(|&i| obj.coef[i]).collect();
         (lp * Tensor::from_slice(&c)).sum(Kind::Double).backward();
         let grad = Vec::<f64>::try_from(logits.grad().reshape([-1])).unwrap();
-        for j in 0..15 {
+        for (j, &g) in grad.iter().enumerate() {
             let h = 1e-6;
             let fd = (loss_of(&at(j, h)) - loss_of(&at(j, -h))) / (2.0 * h);
-            assert!((fd - grad[j]).abs() < 1e-7, "logit {j}: fd {fd} vs autograd {}", grad[j]);
+            assert!((fd - g).abs() < 1e-7, "logit {j}: fd {fd} vs autograd {}", g);
         }
-        assert!(grad.iter().any(|g| g.abs() > 1e-3), "gradient is not trivially zero");
+        assert!(
+            grad.iter().any(|g| g.abs() > 1e-3),
+            "gradient is not trivially zero"
+        );
     }
 
     #[test]
     fn sft_is_masked_mean_nll_over_valid_trajectories() {
         let (old, cur, traj) = example();
         let adv = vec![(0.0, false), (0.0, false)];
-        let obj = coefficients(LossKind::Sft, &terms_at(&cur, &old, &traj, &adv, &[1.0, 0.0]), 0.0, 0.0);
+        let obj = coefficients(
+            LossKind::Sft,
+            &terms_at(&cur, &old, &traj, &adv, &[1.0, 0.0]),
+            0.0,
+            0.0,
+        );
         let want = -(cur[0] + cur[1] + cur[2]) / 3.0;
         assert!((obj.loss - want).abs() < 1e-12);
         assert_eq!(obj.coef, vec![-1.0 / 3.0, 0.0]);

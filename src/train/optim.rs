@@ -104,7 +104,10 @@ impl AdamW {
             }
             let g = g.to_kind(Kind::Float);
             let m = self.exp_avg.entry(name.clone()).or_insert_with(|| g.zeros_like());
-            let v = self.exp_avg_sq.entry(name.clone()).or_insert_with(|| g.zeros_like());
+            let v = self
+                .exp_avg_sq
+                .entry(name.clone())
+                .or_insert_with(|| g.zeros_like());
             let mut pf = p.to_kind(Kind::Float);
             if cfg.weight_decay > 0.0 && p.dim() > 1 {
                 pf *= 1.0 - lr * cfg.weight_decay;
@@ -206,12 +209,16 @@ mod tests {
             weight_decay: 0.5,
             ..AdamWConfig::default()
         };
-        let p = Tensor::from_slice(&[1.0f32, -2.0]).reshape([1, 2]).set_requires_grad(true);
+        let p = Tensor::from_slice(&[1.0f32, -2.0])
+            .reshape([1, 2])
+            .set_requires_grad(true);
         let mut opt = AdamW::default();
         for _ in 0..2 {
             let mut q = p.shallow_clone();
             q.zero_grad();
-            (&p * Tensor::from_slice(&[0.5f32, 0.25]).reshape([1, 2])).sum(Kind::Float).backward();
+            (&p * Tensor::from_slice(&[0.5f32, 0.25]).reshape([1, 2]))
+                .sum(Kind::Float)
+                .backward();
             opt.step(&cfg, &[("w".into(), p.shallow_clone())]);
         }
         // Each Adam step with a constant gradient moves by lr·(m̂/(√v̂+eps)) ≈ lr; decay first.

@@ -209,7 +209,11 @@ impl Trainer {
                 .eq_tensor(&seg.unsqueeze(0))
                 .logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)))
         });
-        let replay_t = (moe_l > 0).then(|| Tensor::from_slice(&replay).to_device(dev).view([total as i64, moe_l, k]));
+        let replay_t = (moe_l > 0).then(|| {
+            Tensor::from_slice(&replay)
+                .to_device(dev)
+                .view([total as i64, moe_l, k])
+        });
         let out = self.model.lm.forward(
             &ForwardInput {
                 tokens: &tokens,
@@ -219,7 +223,10 @@ impl Trainer {
             },
             None,
         );
-        let (lp, entropy) = self.model.lm.next_token_logprobs(&out.hidden, &at_t, &next, extras);
+        let (lp, entropy) = self
+            .model
+            .lm
+            .next_token_logprobs(&out.hidden, &at_t, &next, extras);
         let mut overlap = (0, 0);
         if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &replay_t) {
             for (off, rows) in recorded_rows {
@@ -234,7 +241,13 @@ impl Trainer {
     }
 
     /// Per-sequence log-probs of the policy tokens without gradients (plus extras on request).
-    fn score(&self, batch: &Batch, idx: &[usize], budget: usize, extras: bool) -> (Vec<Vec<f64>>, Vec<f64>, (i64, i64)) {
+    fn score(
+        &self,
+        batch: &Batch,
+        idx: &[usize],
+        budget: usize,
+        extras: bool,
+    ) -> (Vec<Vec<f64>>, Vec<f64>, (i64, i64)) {
         let _g = tch::no_grad_guard();
         let mut per_seq = vec![Vec::new(); batch.seqs.len()];
         let mut entropy = Vec::new();
@@ -270,15 +283,24 @@ impl Trainer {
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
         let per_update = n_groups.div_ceil(updates);
-        let (mut losses, mut ratios, mut clipped, mut grad_norms, mut lr_used) = (Vec::new(), Vec::new(), 0usize, Vec::new(), None);
+        let (mut losses, mut ratios, mut clipped, mut grad_norms, mut lr_used) =
+            (Vec::new(), Vec::new(), 0usize, Vec::new(), None);
         for (u, chunk) in batch.groups.chunks(per_update).enumerate() {
             let in_chunk: Vec<bool> = {
                 let mut v = vec![false; batch.trajs.len()];
                 chunk.iter().flatten().for_each(|&t| v[t] = true);
                 v
             };
-            let idx: Vec<usize> = all.iter().copied().filter(|&i| in_chunk[batch.seqs[i].traj]).collect();
-            let cur = if u == 0 { old.clone() } else { self.score(&batch, &idx, budget, false).0 };
+            let idx: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&i| in_chunk[batch.seqs[i].traj])
+                .collect();
+            let cur = if u == 0 {
+                old.clone()
+            } else {
+                self.score(&batch, &idx, budget, false).0
+            };
             let mut terms: Vec<TrajTerm> = batch
                 .trajs
                 .iter()
@@ -304,7 +326,10 @@ impl Trainer {
             }
             let obj = coefficients(s.loss, &terms, s.eps_low, s.eps_high);
             if !obj.loss.is_finite() {
-                return Err(TrainError::NonFinite { what: "loss", value: obj.loss });
+                return Err(TrainError::NonFinite {
+                    what: "loss",
+                    value: obj.loss,
+                });
             }
             losses.push(obj.loss);
             for (ti, q) in terms.iter().enumerate() {
@@ -314,7 +339,9 @@ impl Trainer {
                 }
             }
             if obj.coef.iter().all(|&c| c == 0.0) {
-                tracing::warn!("update {u}: no trajectory carries a learning signal (all groups degenerate); skipped");
+                tracing::warn!(
+                    "update {u}: no trajectory carries a learning signal (all groups degenerate); skipped"
+                );
                 continue;
             }
             for (_, p) in &params {
@@ -327,7 +354,9 @@ impl Trainer {
                     let seq = &batch.seqs[i];
                     let c = obj.coef[seq.traj];
                     for (j, &o) in old[i].iter().enumerate() {
-                        let tis = s.tis_cap.map_or(1.0, |cap| (o - seq.rollout_lp[j] as f64).exp().min(cap));
+                        let tis = s
+                            .tis_cap
+                            .map_or(1.0, |cap| (o - seq.rollout_lp[j] as f64).exp().min(cap));
                         coef.push(c * tis);
                     }
                 }
@@ -335,12 +364,17 @@ impl Trainer {
                     continue;
                 }
                 let out = self.forward(&batch, &mb, false);
-                let coef = Tensor::from_slice(&coef).to_device(out.lp.device()).to_kind(Kind::Float);
+                let coef = Tensor::from_slice(&coef)
+                    .to_device(out.lp.device())
+                    .to_kind(Kind::Float);
                 (out.lp * coef).sum(Kind::Float).backward();
             }
             let norm = grad_norm(&params);
             if !norm.is_finite() {
-                return Err(TrainError::NonFinite { what: "gradient norm", value: norm });
+                return Err(TrainError::NonFinite {
+                    what: "gradient norm",
+                    value: norm,
+                });
             }
             grad_norms.push(norm);
             if s.max_grad_norm > 0.0 && norm > s.max_grad_norm {
@@ -356,14 +390,21 @@ impl Trainer {
             lr_used = Some(self.opt.step(&s.optim, &params));
         }
         let elapsed = started.elapsed().as_secs_f64();
-        Ok(self.finish_metrics(samples, &batch, &old, &entropy, overlap, Finished {
-            losses,
-            ratios,
-            clipped,
-            grad_norms,
-            lr: lr_used.unwrap_or_else(|| s.optim.lr_at(self.opt.steps)),
-            elapsed,
-        }))
+        Ok(self.finish_metrics(
+            samples,
+            &batch,
+            &old,
+            &entropy,
+            overlap,
+            Finished {
+                losses,
+                ratios,
+                clipped,
+                grad_norms,
+                lr: lr_used.unwrap_or_else(|| s.optim.lr_at(self.opt.steps)),
+                elapsed,
+            },
+        ))
     }
 
     fn finish_metrics(
@@ -394,7 +435,11 @@ impl Trainer {
             ro.extend(r);
             tr.extend_from_slice(lp);
         }
-        let max_abs = ro.iter().zip(&tr).map(|(a, b)| (a - b).abs()).fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
+        let max_abs = ro
+            .iter()
+            .zip(&tr)
+            .map(|(a, b)| (a - b).abs())
+            .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
         let kl = (!ro.is_empty()).then(|| {
             ro.iter()
                 .zip(&tr)
@@ -405,7 +450,11 @@ impl Trainer {
                 .sum::<f64>()
                 / ro.len() as f64
         });
-        let staleness: Vec<u64> = batch.trajs.iter().map(|t| prev.saturating_sub(t.policy_version)).collect();
+        let staleness: Vec<u64> = batch
+            .trajs
+            .iter()
+            .map(|t| prev.saturating_sub(t.policy_version))
+            .collect();
         let total_tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
         let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
         let (rm, rs) = mean_std(&rewards).unzip();
@@ -459,7 +508,11 @@ fn grad_norm(params: &[(String, Tensor)]) -> f64 {
     for (_, p) in params {
         let g = p.grad();
         if g.defined() {
-            sq += g.to_kind(Kind::Double).pow_tensor_scalar(2).sum(Kind::Double).double_value(&[]);
+            sq += g
+                .to_kind(Kind::Double)
+                .pow_tensor_scalar(2)
+                .sum(Kind::Double)
+                .double_value(&[]);
         }
     }
     sq.sqrt()
@@ -468,7 +521,10 @@ fn grad_norm(params: &[(String, Tensor)]) -> f64 {
 /// Refuses an `--out` that already holds files (nothing is overwritten).
 pub fn check_out(out: &Path) -> Result<(), TrainError> {
     if out.exists() {
-        let empty = out.is_dir() && std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
+        let empty = out.is_dir()
+            && std::fs::read_dir(out)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
         if !empty {
             return Err(TrainError::Output {
                 path: out.to_path_buf(),

@@ -15,7 +15,11 @@ fn ids_tensor(ids: &[i64]) -> Tensor {
 }
 
 /// Next-token log-probs of one sequence (positions 0..n-2), plus the routing used / own top-k.
-pub fn seq_logprobs(lm: &CausalLm, ids: &[i64], replay: Option<&Tensor>) -> (Vec<f64>, Option<Tensor>, Option<Tensor>) {
+pub fn seq_logprobs(
+    lm: &CausalLm,
+    ids: &[i64],
+    replay: Option<&Tensor>,
+) -> (Vec<f64>, Option<Tensor>, Option<Tensor>) {
     let _g = tch::no_grad_guard();
     let n = ids.len() as i64;
     let tokens = ids_tensor(ids);
@@ -27,7 +31,11 @@ pub fn seq_logprobs(lm: &CausalLm, ids: &[i64], replay: Option<&Tensor>) -> (Vec
     let out = lm.forward(&input, None);
     let at = Tensor::arange(n - 1, (Kind::Int64, Device::Cpu));
     let (lp, _) = lm.next_token_logprobs(&out.hidden, &at, &tokens.narrow(0, 1, n - 1), false);
-    (Vec::<f64>::try_from(lp.to_kind(Kind::Double)).unwrap(), out.routing, out.router_topk)
+    (
+        Vec::<f64>::try_from(lp.to_kind(Kind::Double)).unwrap(),
+        out.routing,
+        out.router_topk,
+    )
 }
 
 fn read_json(p: &Path) -> Value {
@@ -35,11 +43,20 @@ fn read_json(p: &Path) -> Value {
 }
 
 fn ids_of(seq: &Value) -> Vec<i64> {
-    seq["input_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect()
+    seq["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
@@ -111,9 +128,18 @@ fn dense_log_probs_and_logits_match_transformers() {
         let t = ids_tensor(&ids);
         let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu));
         let h = model.lm.forward(&ForwardInput::causal(&t, &pos), None).hidden;
-        let logits = model.lm.logits(&h.narrow(0, n - 3, 3)).narrow(1, 0, 16).to_kind(Kind::Double);
+        let logits = model
+            .lm
+            .logits(&h.narrow(0, n - 3, 3))
+            .narrow(1, 0, 16)
+            .to_kind(Kind::Double);
         let got = Vec::<f64>::try_from(logits.reshape([-1])).unwrap();
-        let want: Vec<f64> = seq["logits_last3_first16"].as_array().unwrap().iter().flat_map(floats).collect();
+        let want: Vec<f64> = seq["logits_last3_first16"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(floats)
+            .collect();
         let d = max_abs_diff(&got, &want);
         assert!(d < 1e-4, "{}: logits max |Δ| {d}", seq["name"]);
     }
@@ -123,7 +149,11 @@ fn dense_log_probs_and_logits_match_transformers() {
 fn moe_log_probs_and_routing_match_transformers() {
     let dir = tiny_moe();
     let model = Model::load(&dir, Device::Cpu, None).unwrap();
-    assert_eq!(model.cfg().num_experts, 8, "num_local_experts read from the newer layout");
+    assert_eq!(
+        model.cfg().num_experts,
+        8,
+        "num_local_experts read from the newer layout"
+    );
     assert_eq!(model.cfg().rope_theta, 1e6, "rope_parameters.rope_theta read");
     assert_eq!(model.lm.moe_layers(), 2, "layer 1 is dense (mlp_only_layers)");
     let reference = read_json(&dir.join("reference.json"));
@@ -143,7 +173,12 @@ fn moe_log_probs_and_routing_match_transformers() {
 fn packed_sequences_equal_separate_forwards() {
     let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
     let reference = read_json(&tiny_moe().join("reference.json"));
-    let seqs: Vec<Vec<i64>> = reference["sequences"].as_array().unwrap().iter().map(ids_of).collect();
+    let seqs: Vec<Vec<i64>> = reference["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ids_of)
+        .collect();
     let _g = tch::no_grad_guard();
     let all: Vec<i64> = seqs.concat();
     let mut pos = Vec::new();
@@ -155,7 +190,10 @@ fn packed_sequences_equal_separate_forwards() {
     let seg = Tensor::from_slice(&seg);
     let n = all.len() as i64;
     let idx = Tensor::arange(n, (Kind::Int64, Device::Cpu));
-    let mask = seg.unsqueeze(1).eq_tensor(&seg.unsqueeze(0)).logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)));
+    let mask = seg
+        .unsqueeze(1)
+        .eq_tensor(&seg.unsqueeze(0))
+        .logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)));
     let tokens = Tensor::from_slice(&all);
     let positions = Tensor::from_slice(&pos);
     let out = model.lm.forward(
@@ -176,7 +214,12 @@ fn packed_sequences_equal_separate_forwards() {
         let (alone, routing, _) = seq_logprobs(&model.lm, s, None);
         let d = max_abs_diff(&Vec::<f64>::try_from(lp.to_kind(Kind::Double)).unwrap(), &alone);
         assert!(d < 1e-5, "packed vs alone |Δ| {d}");
-        assert!(out.routing.as_ref().unwrap().narrow(0, offset, len).equal(&routing.unwrap()));
+        assert!(out
+            .routing
+            .as_ref()
+            .unwrap()
+            .narrow(0, offset, len)
+            .equal(&routing.unwrap()));
         offset += len;
     }
 }
@@ -195,7 +238,9 @@ fn kv_cache_decoding_equals_full_forward() {
         let step = if fed == 0 { prefix } else { 1 };
         let t = Tensor::from_slice(&ids[fed..fed + step]);
         let pos = Tensor::arange_start(fed as i64, (fed + step) as i64, (Kind::Int64, Device::Cpu));
-        let out = model.lm.forward(&ForwardInput::causal(&t, &pos), Some(&mut cache));
+        let out = model
+            .lm
+            .forward(&ForwardInput::causal(&t, &pos), Some(&mut cache));
         let logits = model.lm.logits(&out.hidden).log_softmax(-1, Kind::Float);
         for j in 0..step {
             got.push(logits.double_value(&[j as i64, ids[fed + j + 1]]));
@@ -213,11 +258,16 @@ fn missing_tensor_is_named() {
     let src = tiny_dense();
     std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
     let tensors = Tensor::read_safetensors(src.join("model.safetensors")).unwrap();
-    let kept: Vec<(String, Tensor)> =
-        tensors.into_iter().filter(|(n, _)| n != "model.layers.1.self_attn.k_norm.weight").collect();
+    let kept: Vec<(String, Tensor)> = tensors
+        .into_iter()
+        .filter(|(n, _)| n != "model.layers.1.self_attn.k_norm.weight")
+        .collect();
     Tensor::write_safetensors(&kept, tmp.path().join("model.safetensors")).unwrap();
     let err = Model::load(tmp.path(), Device::Cpu, None).unwrap_err();
-    assert!(matches!(&err, ModelError::MissingTensor { name, .. } if name == "model.layers.1.self_attn.k_norm.weight"), "{err}");
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name, .. } if name == "model.layers.1.self_attn.k_norm.weight"),
+        "{err}"
+    );
     assert!(err.to_string().contains("model.layers.1.self_attn.k_norm.weight"));
 }
 
@@ -247,20 +297,36 @@ fn routing_replay_restores_recorded_routing_and_improves_agreement() {
     let sets_equal = |a: &Tensor, b: &Tensor| {
         let (sa, _) = a.sort(-1, false);
         let (sb, _) = b.sort(-1, false);
-        sa.eq_tensor(&sb).all_dim(-1, false).to_kind(Kind::Double).mean(Kind::Double).double_value(&[])
+        sa.eq_tensor(&sb)
+            .all_dim(-1, false)
+            .to_kind(Kind::Double)
+            .mean(Kind::Double)
+            .double_value(&[])
     };
     let overlap_free = sets_equal(&free_routing, &recorded);
-    assert!(overlap_free < 1.0, "perturbation must change some routes (overlap {overlap_free})");
+    assert!(
+        overlap_free < 1.0,
+        "perturbation must change some routes (overlap {overlap_free})"
+    );
     // Replay all T rows, and the engine's T-1 rows (last row routes on its own).
     for rows in [ids.len() as i64, ids.len() as i64 - 1] {
         let replay = Tensor::full([ids.len() as i64, 2, 2], -1, (Kind::Int64, Device::Cpu));
         replay.narrow(0, 0, rows).copy_(&recorded.narrow(0, 0, rows));
         let (replay_lp, used, _) = seq_logprobs(&model.lm, &ids, Some(&replay));
         let used = used.unwrap();
-        assert!(used.narrow(0, 0, rows).equal(&recorded.narrow(0, 0, rows)), "replayed rows equal the record");
+        assert!(
+            used.narrow(0, 0, rows).equal(&recorded.narrow(0, 0, rows)),
+            "replayed rows equal the record"
+        );
         let d_free = max_abs_diff(&free_lp, &recorded_lp);
         let d_replay = max_abs_diff(&replay_lp, &recorded_lp);
-        let mean = |a: &[f64]| a.iter().zip(&recorded_lp).map(|(x, y)| (x - y).abs()).sum::<f64>() / a.len() as f64;
+        let mean = |a: &[f64]| {
+            a.iter()
+                .zip(&recorded_lp)
+                .map(|(x, y)| (x - y).abs())
+                .sum::<f64>()
+                / a.len() as f64
+        };
         assert!(d_replay < d_free, "replay max |Δ| {d_replay} vs free {d_free}");
         assert!(mean(&replay_lp) < mean(&free_lp), "mean |Δ| improves with replay");
     }
@@ -299,13 +365,20 @@ fn saved_checkpoint_loads_in_transformers_with_same_function() {
         .arg(&out)
         .status()
         .unwrap();
-    assert!(status.success(), "transformers failed to load the saved checkpoint");
+    assert!(
+        status.success(),
+        "transformers failed to load the saved checkpoint"
+    );
     let hf = read_json(&out);
     for seq in hf["sequences"].as_array().unwrap() {
         let ids = ids_of(seq);
         let (lp, routing, _) = seq_logprobs(&model.lm, &ids, None);
         let d = max_abs_diff(&lp, &floats(&seq["next_token_logprobs"]));
-        assert!(d < 1e-4, "{}: saved-then-transformers log-prob |Δ| {d}", seq["name"]);
+        assert!(
+            d < 1e-4,
+            "{}: saved-then-transformers log-prob |Δ| {d}",
+            seq["name"]
+        );
         assert_eq!(routing_lists(&routing.unwrap()), reference_routing(seq));
     }
 }

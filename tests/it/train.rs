@@ -12,13 +12,25 @@ use crate::common::lego;
 use crate::model::{seq_logprobs, tiny_dense, tiny_moe};
 
 /// A sample whose rollout log-probs and routing are the model's own (a perfect rollout engine).
-fn sample(model: &Model, traj: &str, group: u64, tokens: &[i64], prompt: usize, reward: f64, weight: f64) -> Sample {
+fn sample(
+    model: &Model,
+    traj: &str,
+    group: u64,
+    tokens: &[i64],
+    prompt: usize,
+    reward: f64,
+    weight: f64,
+) -> Sample {
     let (lp, routing, _) = seq_logprobs(&model.lm, tokens, None);
     let mask: Vec<bool> = (0..tokens.len()).map(|t| t >= prompt).collect();
     let rollout: Vec<f32> = (prompt..tokens.len()).map(|t| lp[t - 1] as f32).collect();
     let routing = routing.map(|r| {
         let shape: Vec<usize> = r.size().iter().map(|&d| d as usize).collect();
-        let ids: Vec<u16> = Vec::<i64>::try_from(r.reshape([-1])).unwrap().into_iter().map(|e| e as u16).collect();
+        let ids: Vec<u16> = Vec::<i64>::try_from(r.reshape([-1]))
+            .unwrap()
+            .into_iter()
+            .map(|e| e as u16)
+            .collect();
         Packed::from_experts(shape, &ids)
     });
     Sample {
@@ -44,7 +56,9 @@ fn sample(model: &Model, traj: &str, group: u64, tokens: &[i64], prompt: usize, 
 /// Two groups of the MoE reference sequences: group 0 has rewards 1/0 plus an infra failure,
 /// group 1 is zero-variance; one trajectory is split into two segments.
 fn moe_samples(model: &Model) -> Vec<Sample> {
-    let seqs: Vec<Vec<i64>> = (0..4).map(|i| (0..24).map(|t| (t * 7919 + i * 104729 + 11) % 151643).collect()).collect();
+    let seqs: Vec<Vec<i64>> = (0..4)
+        .map(|i| (0..24).map(|t| (t * 7919 + i * 104729 + 11) % 151643).collect())
+        .collect();
     let mut v = vec![
         sample(model, "a", 0, &seqs[0], 8, 1.0, 1.0),
         sample(model, "b", 0, &seqs[1], 8, 0.0, 1.0),
@@ -83,7 +97,14 @@ fn settings() -> Settings {
     }
 }
 
-const CLI_OPTS: [&str; 6] = ["--micro-batch-tokens", "40", "--lr", "1e-3", "--warmup-steps", "2"];
+const CLI_OPTS: [&str; 6] = [
+    "--micro-batch-tokens",
+    "40",
+    "--lr",
+    "1e-3",
+    "--warmup-steps",
+    "2",
+];
 
 #[test]
 fn train_step_writes_checkpoint_and_metrics() {
@@ -105,15 +126,30 @@ fn train_step_writes_checkpoint_and_metrics() {
         .args(CLI_OPTS)
         .assert()
         .success();
-    for f in ["config.json", "generation_config.json", "model.safetensors", "optimizer.safetensors", "lego-rl.json"] {
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "lego-rl.json",
+    ] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
-    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("lego-rl.json")).unwrap()).unwrap();
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("lego-rl.json")).unwrap()).unwrap();
     assert_eq!(info["policy_version"], 1);
     assert_eq!(info["samples_consumed"], 6);
     let m = &read_metrics(&metrics)[0];
     assert_eq!(m.step, 1);
-    assert_eq!((m.groups, m.valid_trajectories, m.infra_failed_trajectories, m.samples), (2, 4, 1, 6));
+    assert_eq!(
+        (
+            m.groups,
+            m.valid_trajectories,
+            m.infra_failed_trajectories,
+            m.samples
+        ),
+        (2, 4, 1, 6)
+    );
     assert_eq!(m.zero_variance_group_fraction, Some(0.5));
     assert_eq!(m.expert_overlap, Some(1.0), "own routing recorded and replayed");
     assert!(m.logprob_pearson.unwrap() > 0.999_999, "{:?}", m.logprob_pearson);
@@ -154,7 +190,10 @@ fn expect_bad_input(checkpoint: &Path, samples: &[Sample], needles: &[&str]) {
     }
     assert!(!out.exists(), "nothing written to --out");
     assert!(!metrics.exists(), "no metrics appended");
-    let leftovers: Vec<PathBuf> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let leftovers: Vec<PathBuf> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(leftovers, vec![input], "no temp dirs left behind");
 }
 
@@ -164,11 +203,24 @@ fn bad_input_fails_with_named_record_and_writes_nothing() {
     let good = moe_samples(&model);
     let mut vocab = good.clone();
     vocab[2].token_ids[5] = 151936;
-    expect_bad_input(&tiny_moe(), &vocab, &["record 3", "sample `c#0.0`", "token_ids[5] = 151936", "vocab_size 151936"]);
+    expect_bad_input(
+        &tiny_moe(),
+        &vocab,
+        &[
+            "record 3",
+            "sample `c#0.0`",
+            "token_ids[5] = 151936",
+            "vocab_size 151936",
+        ],
+    );
     let mut layers = good.clone();
     let r = layers[1].routing.as_mut().unwrap();
     r.shape = vec![r.shape[0] * 2, 1, 2];
-    expect_bad_input(&tiny_moe(), &layers, &["record 2", "routing has shape [48, 1, 2]", "[24 or 23, 2, 2]"]);
+    expect_bad_input(
+        &tiny_moe(),
+        &layers,
+        &["record 2", "routing has shape [48, 1, 2]", "[24 or 23, 2, 2]"],
+    );
     // A checkpoint missing a tensor.
     let ckpt = tempfile::tempdir().unwrap();
     std::fs::copy(tiny_dense().join("config.json"), ckpt.path().join("config.json")).unwrap();
@@ -227,7 +279,11 @@ fn two_steps_in_one_process_equal_two_invocations() {
     }
     assert!(max <= 1e-6, "weights differ by {max}");
     let changed = (t.model.named_variables()[0].1.shallow_clone()
-        - Model::load(&tiny_moe(), Device::Cpu, None).unwrap().named_variables()[0].1.shallow_clone())
+        - Model::load(&tiny_moe(), Device::Cpu, None)
+            .unwrap()
+            .named_variables()[0]
+            .1
+            .shallow_clone())
     .abs()
     .max()
     .double_value(&[]);
@@ -259,7 +315,9 @@ fn gspo_raises_reward_on_a_toy_task() {
     for step in 0..16u64 {
         let mut samples = Vec::new();
         for g in 0..groups {
-            let prompt: Vec<i64> = (0..3).map(|j| ((step * 131 + g * 17 + j * 7) % 64) as i64).collect();
+            let prompt: Vec<i64> = (0..3)
+                .map(|j| ((step * 131 + g * 17 + j * 7) % 64) as i64)
+                .collect();
             for k in 0..per_group {
                 // Sample with a KV cache, recording the sampling log-probs like an engine would.
                 let _guard = tch::no_grad_guard();
@@ -270,7 +328,11 @@ fn gspo_raises_reward_on_a_toy_task() {
                 for _ in 0..gen {
                     let t = Tensor::from_slice(&toks[fed..]);
                     let pos = Tensor::arange_start(fed as i64, toks.len() as i64, (Kind::Int64, Device::Cpu));
-                    let h = trainer.model.lm.forward(&ForwardInput::causal(&t, &pos), Some(&mut cache)).hidden;
+                    let h = trainer
+                        .model
+                        .lm
+                        .forward(&ForwardInput::causal(&t, &pos), Some(&mut cache))
+                        .hidden;
                     fed = toks.len();
                     let logp = trainer.model.lm.logits(&h.get(-1)).log_softmax(-1, Kind::Float);
                     let next = logp.exp().multinomial(1, false).int64_value(&[0]);
@@ -300,7 +362,11 @@ fn gspo_raises_reward_on_a_toy_task() {
             }
         }
         let m = trainer.step(&samples, &path, &s).unwrap();
-        assert_eq!(m.logprob_max_abs_diff.map(|d| d < 1e-4), Some(true), "engine and trainer agree");
+        assert_eq!(
+            m.logprob_max_abs_diff.map(|d| d < 1e-4),
+            Some(true),
+            "engine and trainer agree"
+        );
         curve.push(m.reward_mean.unwrap());
     }
     let first = curve[..4].iter().sum::<f64>() / 4.0;
