@@ -382,3 +382,17 @@ fn saved_checkpoint_loads_in_transformers_with_same_function() {
         assert_eq!(routing_lists(&routing.unwrap()), reference_routing(seq));
     }
 }
+
+#[test]
+fn bf16_compute_stays_close_to_fp32() {
+    let dir = tiny_dense();
+    let fp32 = Model::load(&dir, Device::Cpu, None).unwrap();
+    let bf16 = Model::load(&dir, Device::Cpu, Some(Kind::BFloat16)).unwrap();
+    assert_eq!(bf16.file_kind, Kind::Float, "saving keeps the checkpoint's dtype");
+    assert_eq!(bf16.named_variables()[0].1.kind(), Kind::BFloat16);
+    let ids: Vec<i64> = (0..16).map(|i| (i * 389 + 3) % 4096).collect();
+    let (a, _, _) = seq_logprobs(&fp32.lm, &ids, None);
+    let (b, _, _) = seq_logprobs(&bf16.lm, &ids, None);
+    let d = max_abs_diff(&a, &b);
+    assert!(d > 0.0 && d < 0.05, "bf16 vs fp32 log-prob |Δ| {d}");
+}
