@@ -279,6 +279,10 @@ impl Trainer {
         let budget = s.micro_batch_tokens.max(1);
         // Pass 1: π_old with replayed routing, plus diagnostics.
         let (old, entropy, overlap) = self.score(&batch, &all, budget, true);
+        tracing::debug!(
+            seconds = started.elapsed().as_secs_f64(),
+            "π_old recomputed (pass 1)"
+        );
         let params = self.model.named_variables();
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
@@ -387,7 +391,17 @@ impl Trainer {
                     }
                 }
             }
+            tracing::debug!(
+                seconds = started.elapsed().as_secs_f64(),
+                update = u,
+                "gradients accumulated"
+            );
             lr_used = Some(self.opt.step(&s.optim, &params));
+            tracing::debug!(
+                seconds = started.elapsed().as_secs_f64(),
+                update = u,
+                "optimizer step done"
+            );
         }
         let elapsed = started.elapsed().as_secs_f64();
         Ok(self.finish_metrics(

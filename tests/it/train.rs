@@ -155,6 +155,12 @@ fn train_step_writes_checkpoint_and_metrics() {
     assert!(m.logprob_pearson.unwrap() > 0.999_999, "{:?}", m.logprob_pearson);
     assert!(m.logprob_max_abs_diff.unwrap() < 1e-4);
     assert_eq!(m.ratio_mean, Some(1.0), "π_θ = π_old on the first update");
+    // Near-uniform tiny model: entropy ≈ ln(151936) = 11.93.
+    assert!(
+        (m.entropy.unwrap() - 151936f64.ln()).abs() < 0.2,
+        "{:?}",
+        m.entropy
+    );
     assert!(m.grad_norm.unwrap() > 0.0);
     assert!((m.lr - 5e-4).abs() < 1e-12, "first warmup step: lr/2");
     assert_eq!(m.policy_tokens, 16 * 4 + 8 + 6);
