@@ -9,3 +9,5 @@ mod sandbox;
 mod report;
 mod synth;
 mod validate;
+mod model;
+mod train;
