@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod chat;
 pub mod env;
 pub mod io;
 pub mod records;
