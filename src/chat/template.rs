@@ -60,6 +60,8 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_filter("string", string);
+        env.add_test("iterable", is_iterable);
+        env.add_test("sequence", is_sequence);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
@@ -206,6 +208,20 @@ fn string(value: JValue) -> Result<JValue, JError> {
         return Ok(JValue::from(""));
     }
     Ok(JValue::from(py_str(&to_json(&value)?)))
+}
+
+/// Python's `iter(x)` succeeds: strings, lists, dicts (and Jinja2's `Undefined`), not `None`.
+/// minijinja iterates `none` as empty, which made Qwen3-Coder's `tools is iterable and tools |
+/// length > 0` fail on `tools=None`.
+fn is_iterable(value: JValue) -> bool {
+    use minijinja::value::ValueKind as K;
+    matches!(value.kind(), K::String | K::Seq | K::Map | K::Iterable | K::Undefined)
+}
+
+/// Jinja2's `sequence` test (`len()` and `__getitem__`): true for strings and dicts too.
+fn is_sequence(value: JValue) -> bool {
+    use minijinja::value::ValueKind as K;
+    matches!(value.kind(), K::String | K::Seq | K::Map | K::Undefined)
 }
 
 fn raise_exception(message: String) -> Result<JValue, JError> {
