@@ -10,10 +10,17 @@ Conversations are OpenAI chat-completions requests. They are turned into transfo
 shape the way lego-rl's proxy does it (src/chat/message.rs): text parts joined with "\n",
 tool-call `arguments` strings that parse as a JSON object passed as that (ordered) object.
 
+Every OpenAI request captured from real harnesses (testdata/harness-traffic/**/requests.jsonl) is
+rendered too (add_generation_prompt=True); those rows carry the `sha256` and `bytes` of the text
+instead of the text, to keep the file small. Their tools are passed the way the proxy passes them:
+`{"type": "function", "function": {name, description?, parameters}}`.
+
 Usage: chat_reference.py [--out PATH]   (default: testdata/chat/expected.jsonl)
 """
 
 import argparse
+import glob
+import hashlib
 import json
 import os
 import sys
@@ -50,6 +57,26 @@ def to_hf_message(m):
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+def canonical_tool(t):
+    f = t.get("function", {})
+    out = {"name": f.get("name", "")}
+    if f.get("description") is not None:
+        out["description"] = f["description"]
+    out["parameters"] = f.get("parameters")
+    return {"type": "function", "function": out}
+
+
+def harness_requests():
+    base = os.path.join(ROOT, "testdata/harness-traffic")
+    for path in sorted(glob.glob(os.path.join(base, "**/requests.jsonl"), recursive=True)):
+        rel = os.path.relpath(path, base)
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                rec = json.loads(line)
+                if rec.get("path", "").startswith("/v1/chat/completions"):
+                    yield f"harness:{rel}:{line_no}", json.loads(rec["body_raw"])
 
 
 def main():
@@ -90,6 +117,26 @@ def main():
                 except Exception as e:  # the template's raise_exception or a type error
                     row["error"] = f"{type(e).__name__}: {e}"
                 rows.append(row)
+    for name in TEMPLATES:
+        with open(TEMPLATES[name], encoding="utf-8") as f:
+            template = f.read()
+        for conv_id, body in harness_requests():
+            tools = [canonical_tool(t) for t in body.get("tools") or []] or None
+            text = tok.apply_chat_template(
+                [to_hf_message(m) for m in body["messages"]],
+                tools=tools,
+                chat_template=template,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            rows.append({
+                "conversation": conv_id,
+                "template": name,
+                "add_generation_prompt": True,
+                "enable_thinking": None,
+                "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                "bytes": len(text.encode("utf-8")),
+            })
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for r in rows:

@@ -33,20 +33,37 @@ fn jsonl(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The conversation a reference row names: `<id>` of conversations.jsonl, or
+/// `harness:<file>:<line>` of a captured OpenAI request.
+fn reference_conversation(id: &str, convs: &BTreeMap<String, Value>) -> Conversation {
+    let body = match id.strip_prefix("harness:") {
+        Some(rest) => {
+            let (file, line) = rest.rsplit_once(':').unwrap();
+            let recs = jsonl(&root().join("testdata/harness-traffic").join(file));
+            let line: usize = line.parse().unwrap();
+            recs[line - 1]["body_raw"].as_str().unwrap().to_string()
+        }
+        None => convs[id].to_string(),
+    };
+    ChatCompletionRequest::from_json(&body).unwrap().to_conversation().unwrap()
+}
+
 #[test]
 fn rendering_matches_transformers_byte_for_byte() {
+    use sha2::{Digest, Sha256};
     let convs: BTreeMap<String, Value> = jsonl(&root().join("testdata/chat/conversations.jsonl"))
         .into_iter()
         .map(|c| (c["id"].as_str().unwrap().to_string(), c))
         .collect();
     let formats: BTreeMap<&str, ChatFormat> = [("qwen3", format("qwen3")), ("qwen3-coder", format("qwen3-coder"))].into();
     let rows = jsonl(&root().join("testdata/chat/expected.jsonl"));
-    assert!(rows.len() >= 30, "only {} reference renders", rows.len());
-    let mut with_tools = 0;
+    let mut distinct = HashSet::new();
+    let (mut with_tools, mut hashed) = (0, 0);
     for row in &rows {
         let id = row["conversation"].as_str().unwrap();
         let fmt = &formats[row["template"].as_str().unwrap()];
-        let conv = ChatCompletionRequest::from_json(&convs[id].to_string()).unwrap().to_conversation().unwrap();
+        let conv = reference_conversation(id, &convs);
+        distinct.insert(id.to_string());
         with_tools += usize::from(!conv.tools.is_empty());
         let opts = RenderOptions {
             add_generation_prompt: row["add_generation_prompt"].as_bool().unwrap(),
@@ -54,6 +71,13 @@ fn rendering_matches_transformers_byte_for_byte() {
             ..Default::default()
         };
         let got = fmt.render(&conv, &opts);
+        if let Some(want_hash) = row.get("sha256").and_then(Value::as_str) {
+            let got = got.unwrap_or_else(|e| panic!("{id}: {e:#}"));
+            assert_eq!(got.len() as u64, row["bytes"].as_u64().unwrap(), "{id} / {}: length", row["template"]);
+            assert_eq!(hex::encode(Sha256::digest(got.as_bytes())), want_hash, "{id} / {}", row["template"]);
+            hashed += 1;
+            continue;
+        }
         match (row.get("text").and_then(Value::as_str), got) {
             (Some(want), Ok(got)) => {
                 if want != got {
@@ -61,8 +85,8 @@ fn rendering_matches_transformers_byte_for_byte() {
                     panic!(
                         "{id} / {} / {opts:?}: differs at byte {at}\nwant: {:?}\n got: {:?}",
                         row["template"],
-                        &want[at.saturating_sub(40)..(at + 40).min(want.len())],
-                        &got[at.saturating_sub(40)..(at + 40).min(got.len())]
+                        want.get(at.saturating_sub(40)..(at + 40).min(want.len())),
+                        got.get(at.saturating_sub(40)..(at + 40).min(got.len()))
                     );
                 }
             }
@@ -70,7 +94,8 @@ fn rendering_matches_transformers_byte_for_byte() {
             (want, got) => panic!("{id} / {}: transformers {want:?}, lego-rl {got:?}", row["template"]),
         }
     }
-    assert!(with_tools >= 10);
+    assert!(distinct.len() >= 30, "only {} distinct conversations", distinct.len());
+    assert!(rows.len() >= 150 && hashed >= 60 && with_tools >= 80, "{} rows, {hashed} hashed, {with_tools} with tools", rows.len());
 }
 
 fn venv_python() -> Option<PathBuf> {
