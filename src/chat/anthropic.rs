@@ -135,7 +135,10 @@ impl BlocksOrText {
 impl MessagesRequest {
     /// Parse a request body.
     pub fn from_json(body: &str) -> Result<Self, ChatError> {
-        serde_json::from_str(body).map_err(|source| ChatError::ParseRequest { api: "anthropic", source })
+        serde_json::from_str(body).map_err(|source| ChatError::ParseRequest {
+            api: "anthropic",
+            source,
+        })
     }
 
     /// The conversation this request describes.
@@ -148,7 +151,12 @@ impl MessagesRequest {
             match m.role.as_str() {
                 "user" => push_user(&mut messages, &m.content),
                 "assistant" => messages.push(assistant(&m.content)),
-                other => return Err(ChatError::UnknownRole { index, role: other.to_string() }),
+                other => {
+                    return Err(ChatError::UnknownRole {
+                        index,
+                        role: other.to_string(),
+                    })
+                }
             }
         }
         let tools = self
@@ -161,7 +169,12 @@ impl MessagesRequest {
             })
             .collect();
         let thinking = self.thinking.as_ref().map(|t| t.kind == "enabled");
-        Ok(Conversation { messages, tools, tool_choice: tool_choice(self.tool_choice.as_ref()), thinking })
+        Ok(Conversation {
+            messages,
+            tools,
+            tool_choice: tool_choice(self.tool_choice.as_ref()),
+            thinking,
+        })
     }
 }
 
@@ -180,7 +193,11 @@ fn push_user(out: &mut Vec<Message>, content: &BlocksOrText) {
     for block in blocks {
         match block {
             ContentBlock::Text { text: t } => text.push(t),
-            ContentBlock::ToolResult { tool_use_id, content, is_error } => {
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
                 flush(&mut text, out);
                 let body = content.as_ref().map(BlocksOrText::to_text).unwrap_or_default();
                 let mut m = Message::tool_result(tool_use_id.clone(), body);
@@ -255,8 +272,14 @@ mod tests {
             {"role":"tool","tool_call_id":"toolu_1","content":"a\nb"},{"role":"user","content":"go on"}],
             "tools":[{"type":"function","function":{"name":"bash","description":"run","parameters":{"type":"object"}}}],
             "tool_choice":"required","chat_template_kwargs":{"enable_thinking":true}}"#;
-        let a = MessagesRequest::from_json(anthropic).unwrap().to_conversation().unwrap();
-        let mut o = ChatCompletionRequest::from_json(openai).unwrap().to_conversation().unwrap();
+        let a = MessagesRequest::from_json(anthropic)
+            .unwrap()
+            .to_conversation()
+            .unwrap();
+        let mut o = ChatCompletionRequest::from_json(openai)
+            .unwrap()
+            .to_conversation()
+            .unwrap();
         o.messages[3].is_error = true; // OpenAI has no is_error
         assert_eq!(a, o);
     }
@@ -264,7 +287,10 @@ mod tests {
     #[test]
     fn string_tool_result_and_unknown_blocks() {
         let body = r#"{"messages":[{"role":"user","content":[{"type":"image","source":{}},{"type":"tool_result","tool_use_id":"t","content":"x"}]}]}"#;
-        let c = MessagesRequest::from_json(body).unwrap().to_conversation().unwrap();
+        let c = MessagesRequest::from_json(body)
+            .unwrap()
+            .to_conversation()
+            .unwrap();
         assert_eq!(c.messages, vec![Message::tool_result("t", "x")]);
         assert_eq!(c.thinking, None);
     }

@@ -81,7 +81,10 @@ fn same_assistant(a: &Message, b: &Message) -> bool {
         return a.content.trim() == b.content.trim();
     }
     a.tool_calls.len() == b.tool_calls.len()
-        && a.tool_calls.iter().zip(&b.tool_calls).all(|(x, y)| x.id == y.id && x.name == y.name)
+        && a.tool_calls
+            .iter()
+            .zip(&b.tool_calls)
+            .all(|(x, y)| x.id == y.id && x.name == y.name)
 }
 
 impl ChatFormat {
@@ -92,15 +95,19 @@ impl ChatFormat {
         new: &Conversation,
         opts: &RenderOptions,
     ) -> Result<FaithfulPrompt, SpliceBreak> {
-        let same_opts = prev.options.enable_thinking == opts.enable_thinking && prev.options.extra == opts.extra;
+        let same_opts =
+            prev.options.enable_thinking == opts.enable_thinking && prev.options.extra == opts.extra;
         if !same_opts || prev.conversation.tools != new.tools {
             return Err(SpliceBreak::SettingsChanged);
         }
         let a = prev.conversation.messages.len();
         if new.messages.len() <= a {
-            return Err(SpliceBreak::HistoryChanged { index: new.messages.len() });
+            return Err(SpliceBreak::HistoryChanged {
+                index: new.messages.len(),
+            });
         }
-        if let Some(index) = (0..a).find(|&i| !same_message(&prev.conversation.messages[i], &new.messages[i])) {
+        if let Some(index) = (0..a).find(|&i| !same_message(&prev.conversation.messages[i], &new.messages[i]))
+        {
             return Err(SpliceBreak::HistoryChanged { index });
         }
         let echoed = &new.messages[a];
@@ -112,15 +119,24 @@ impl ChatFormat {
         // harness's copy: only the template's behaviour decides whether the splice holds.
         let mut conv = new.clone();
         conv.messages[a] = prev.assistant.clone();
-        let upto = |n: usize| Conversation { messages: conv.messages[..n].to_vec(), ..conv.clone() };
-        let gen_opts = RenderOptions { add_generation_prompt: true, ..opts.clone() };
-        let turn_opts = RenderOptions { add_generation_prompt: false, ..opts.clone() };
+        let upto = |n: usize| Conversation {
+            messages: conv.messages[..n].to_vec(),
+            ..conv.clone()
+        };
+        let gen_opts = RenderOptions {
+            add_generation_prompt: true,
+            ..opts.clone()
+        };
+        let turn_opts = RenderOptions {
+            add_generation_prompt: false,
+            ..opts.clone()
+        };
         let g = self.render(&upto(a), &gen_opts)?;
         let p = self.render(&upto(a + 1), &turn_opts)?;
         let f = self.render(&conv, opts)?;
-        let assistant_part = p
-            .strip_prefix(g.as_str())
-            .ok_or(SpliceBreak::NotAppendOnly { detail: "the assistant turn does not extend the generation prompt" })?;
+        let assistant_part = p.strip_prefix(g.as_str()).ok_or(SpliceBreak::NotAppendOnly {
+            detail: "the assistant turn does not extend the generation prompt",
+        })?;
         let later = f.strip_prefix(p.as_str()).ok_or(SpliceBreak::NotAppendOnly {
             detail: "later messages change how earlier turns render (e.g. <think> of old turns dropped)",
         })?;
@@ -131,7 +147,9 @@ impl ChatFormat {
         let tail = assistant_part
             .rfind(eos)
             .map(|i| &assistant_part[i + eos.len()..])
-            .ok_or(SpliceBreak::NotAppendOnly { detail: "the assistant turn has no end-of-turn token" })?;
+            .ok_or(SpliceBreak::NotAppendOnly {
+                detail: "the assistant turn has no end-of-turn token",
+            })?;
 
         let mut ids = Vec::with_capacity(prev.prompt_ids.len() + prev.output_ids.len() + 64);
         ids.extend_from_slice(prev.prompt_ids);
@@ -143,7 +161,12 @@ impl ChatFormat {
         let reused = ids.len();
         let suffix_text = format!("{tail}{later}");
         ids.extend(self.encode(&suffix_text)?);
-        Ok(FaithfulPrompt { prompt_ids: ids, reused, suffix_text, closed_turn })
+        Ok(FaithfulPrompt {
+            prompt_ids: ids,
+            reused,
+            suffix_text,
+            closed_turn,
+        })
     }
 }
 

@@ -29,7 +29,10 @@ fn tools() -> Vec<ToolSpec> {
 
 fn first_request() -> Conversation {
     Conversation {
-        messages: vec![Message::text(Role::System, "You fix bugs."), Message::text(Role::User, "Fix calc.py")],
+        messages: vec![
+            Message::text(Role::System, "You fix bugs."),
+            Message::text(Role::User, "Fix calc.py"),
+        ],
         tools: tools(),
         ..Default::default()
     }
@@ -46,9 +49,19 @@ fn generate(fmt: &ChatFormat, conv: &Conversation, opts: &RenderOptions, output_
     let prompt = fmt.prompt_ids(conv, opts).unwrap();
     let output = fmt.encode(output_text).unwrap();
     let start = fmt.starts_in_reasoning(conv, opts).unwrap();
-    let p = fmt.parse_output(&output, ToolCallIds::new("trial", 0), start, &conv.tools).unwrap();
-    let assistant = Message { reasoning: p.reasoning, tool_calls: p.tool_calls, ..Message::text(Role::Assistant, p.content) };
-    Gen { prompt, output, assistant }
+    let p = fmt
+        .parse_output(&output, ToolCallIds::new("trial", 0), start, &conv.tools)
+        .unwrap();
+    let assistant = Message {
+        reasoning: p.reasoning,
+        tool_calls: p.tool_calls,
+        ..Message::text(Role::Assistant, p.content)
+    };
+    Gen {
+        prompt,
+        output,
+        assistant,
+    }
 }
 
 fn next_request(first: &Conversation, echoed: Message, result: &str) -> Conversation {
@@ -61,7 +74,13 @@ fn next_request(first: &Conversation, echoed: Message, result: &str) -> Conversa
 
 const QWEN3_OUT: &str = "<think>\nList first.\n</think>\n\nLet me look.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la\", \"timeout\": 10}}\n</tool_call><|im_end|>";
 
-fn splice(fmt: &ChatFormat, first: &Conversation, opts: &RenderOptions, g: &Gen, new: &Conversation) -> Result<FaithfulPrompt, SpliceBreak> {
+fn splice(
+    fmt: &ChatFormat,
+    first: &Conversation,
+    opts: &RenderOptions,
+    g: &Gen,
+    new: &Conversation,
+) -> Result<FaithfulPrompt, SpliceBreak> {
     let prev = PreviousGeneration {
         conversation: first,
         options: opts,
@@ -90,18 +109,34 @@ fn reserialized_arguments_and_dropped_reasoning_keep_captured_tokens() {
     let fmt = qwen3();
     let (first, opts) = (first_request(), RenderOptions::generation(None));
     let g = generate(&fmt, &first, &opts, QWEN3_OUT);
-    let canonical = splice(&fmt, &first, &opts, &g, &next_request(&first, g.assistant.clone(), "out")).unwrap();
+    let canonical = splice(
+        &fmt,
+        &first,
+        &opts,
+        &g,
+        &next_request(&first, g.assistant.clone(), "out"),
+    )
+    .unwrap();
     // What OpenCode / OpenHands send back: compact, reordered, other whitespace, no reasoning.
-    for args in [r#"{"timeout":10,"command":"ls -la"}"#, "{ \"command\" : \"ls -la\",\n \"timeout\" : 10 }"] {
+    for args in [
+        r#"{"timeout":10,"command":"ls -la"}"#,
+        "{ \"command\" : \"ls -la\",\n \"timeout\" : 10 }",
+    ] {
         let mut echoed = g.assistant.clone();
         echoed.reasoning = None;
         echoed.tool_calls[0].arguments = args.to_string();
         let new = next_request(&first, echoed, "out");
         let fp = splice(&fmt, &first, &opts, &g, &new).unwrap();
-        assert_eq!(&fp.prompt_ids[..fp.reused], [g.prompt.as_slice(), g.output.as_slice()].concat().as_slice());
+        assert_eq!(
+            &fp.prompt_ids[..fp.reused],
+            [g.prompt.as_slice(), g.output.as_slice()].concat().as_slice()
+        );
         assert_eq!(fp, canonical, "independent of the harness's re-serialization");
         let rendered = fmt.prompt_ids(&new, &opts).unwrap();
-        assert_ne!(fp.prompt_ids, rendered, "rendered mode would have changed the context");
+        assert_ne!(
+            fp.prompt_ids, rendered,
+            "rendered mode would have changed the context"
+        );
     }
 }
 
@@ -109,7 +144,10 @@ fn reserialized_arguments_and_dropped_reasoning_keep_captured_tokens() {
 fn qwen3_new_user_turn_is_not_append_only() {
     // Qwen3 drops <think> of assistant turns before the last user query.
     let fmt = qwen3();
-    let first = Conversation { messages: vec![Message::text(Role::User, "2+2?")], ..Default::default() };
+    let first = Conversation {
+        messages: vec![Message::text(Role::User, "2+2?")],
+        ..Default::default()
+    };
     let opts = RenderOptions::generation(None);
     let g = generate(&fmt, &first, &opts, "<think>\nadd\n</think>\n\n4<|im_end|>");
     assert_eq!(g.assistant.reasoning.as_deref(), Some("add"));
@@ -119,7 +157,12 @@ fn qwen3_new_user_turn_is_not_append_only() {
     let err = splice(&fmt, &first, &opts, &g, &new).unwrap_err();
     assert!(matches!(err, SpliceBreak::NotAppendOnly { .. }), "{err}");
     // Without reasoning the same conversation is append-only.
-    let g = generate(&fmt, &first, &RenderOptions::generation(Some(false)), "4<|im_end|>");
+    let g = generate(
+        &fmt,
+        &first,
+        &RenderOptions::generation(Some(false)),
+        "4<|im_end|>",
+    );
     let opts = RenderOptions::generation(Some(false));
     let mut new = first.clone();
     new.messages.push(g.assistant.clone());
@@ -136,15 +179,33 @@ fn changed_history_and_foreign_turns_break() {
     let g = generate(&fmt, &first, &opts, QWEN3_OUT);
     let mut compacted = next_request(&first, g.assistant.clone(), "out");
     compacted.messages[1].content = "Summary of earlier work".into();
-    assert!(matches!(splice(&fmt, &first, &opts, &g, &compacted), Err(SpliceBreak::HistoryChanged { index: 1 })));
+    assert!(matches!(
+        splice(&fmt, &first, &opts, &g, &compacted),
+        Err(SpliceBreak::HistoryChanged { index: 1 })
+    ));
     let mut other = g.assistant.clone();
-    other.tool_calls[0] = ToolCall { id: "call_other".into(), ..other.tool_calls[0].clone() };
+    other.tool_calls[0] = ToolCall {
+        id: "call_other".into(),
+        ..other.tool_calls[0].clone()
+    };
     let new = next_request(&first, other, "out");
-    assert!(matches!(splice(&fmt, &first, &opts, &g, &new), Err(SpliceBreak::NotThePreviousGeneration { index: 2 })));
+    assert!(matches!(
+        splice(&fmt, &first, &opts, &g, &new),
+        Err(SpliceBreak::NotThePreviousGeneration { index: 2 })
+    ));
     let new = next_request(&first, g.assistant.clone(), "out");
     let thinking_off = RenderOptions::generation(Some(false));
-    let prev = PreviousGeneration { conversation: &first, options: &opts, prompt_ids: &g.prompt, output_ids: &g.output, assistant: &g.assistant };
-    assert!(matches!(fmt.faithful_prompt(&prev, &new, &thinking_off), Err(SpliceBreak::SettingsChanged)));
+    let prev = PreviousGeneration {
+        conversation: &first,
+        options: &opts,
+        prompt_ids: &g.prompt,
+        output_ids: &g.output,
+        assistant: &g.assistant,
+    };
+    assert!(matches!(
+        fmt.faithful_prompt(&prev, &new, &thinking_off),
+        Err(SpliceBreak::SettingsChanged)
+    ));
 }
 
 #[test]
@@ -153,7 +214,14 @@ fn truncated_output_gets_its_turn_closed() {
     let (first, opts) = (first_request(), RenderOptions::generation(None));
     let mut g = generate(&fmt, &first, &opts, QWEN3_OUT);
     g.output.pop(); // stopped without <|im_end|>
-    let fp = splice(&fmt, &first, &opts, &g, &next_request(&first, g.assistant.clone(), "out")).unwrap();
+    let fp = splice(
+        &fmt,
+        &first,
+        &opts,
+        &g,
+        &next_request(&first, g.assistant.clone(), "out"),
+    )
+    .unwrap();
     assert!(fp.closed_turn);
     assert_eq!(fp.prompt_ids[fp.reused - 1], 151645);
     assert_eq!(fp.reused, g.prompt.len() + g.output.len() + 1);
@@ -166,10 +234,16 @@ fn qwen3_coder_xml_turns_splice() {
     // Qwen3-Coder's template puts a blank line between content and the call; so does the model.
     let out = "I'll look.\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n<parameter=timeout>\n10\n</parameter>\n</function>\n</tool_call><|im_end|>";
     let g = generate(&fmt, &first, &opts, out);
-    assert_eq!(g.assistant.tool_calls[0].arguments, r#"{"command":"ls -la","timeout":10}"#);
+    assert_eq!(
+        g.assistant.tool_calls[0].arguments,
+        r#"{"command":"ls -la","timeout":10}"#
+    );
     let canonical = next_request(&first, g.assistant.clone(), "listing");
     let fp = splice(&fmt, &first, &opts, &g, &canonical).unwrap();
-    assert_eq!(fp.suffix_text, "\n<|im_start|>user\n<tool_response>\nlisting\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        fp.suffix_text,
+        "\n<|im_start|>user\n<tool_response>\nlisting\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n"
+    );
     assert_eq!(fp.prompt_ids, fmt.prompt_ids(&canonical, &opts).unwrap());
     let mut echoed = g.assistant.clone();
     echoed.tool_calls[0].arguments = r#"{"timeout": 10, "command": "ls -la"}"#.into();

@@ -89,7 +89,10 @@ impl Message {
 
     /// A tool result answering `tool_call_id`.
     pub fn tool_result(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
-        Message { tool_call_id: Some(tool_call_id.into()), ..Message::text(Role::Tool, content) }
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::text(Role::Tool, content)
+        }
     }
 }
 
@@ -216,9 +219,19 @@ mod tests {
         let v = template_message(&m);
         let args = &v["tool_calls"][0]["function"]["arguments"];
         assert_eq!(serde_json::to_string(args).unwrap(), r#"{"b":1,"a":[2]}"#);
-        let bad = ToolCall { id: "x".into(), name: "f".into(), arguments: "not json".into() };
-        let m2 = Message { tool_calls: vec![bad], ..Message::text(Role::Assistant, "") };
-        assert_eq!(template_message(&m2)["tool_calls"][0]["function"]["arguments"], "not json");
+        let bad = ToolCall {
+            id: "x".into(),
+            name: "f".into(),
+            arguments: "not json".into(),
+        };
+        let m2 = Message {
+            tool_calls: vec![bad],
+            ..Message::text(Role::Assistant, "")
+        };
+        assert_eq!(
+            template_message(&m2)["tool_calls"][0]["function"]["arguments"],
+            "not json"
+        );
     }
 
     #[test]

@@ -45,7 +45,10 @@ pub enum ChatError {
     #[error("reading {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("parsing {path} as JSON")]
-    ParseJson { path: PathBuf, source: serde_json::Error },
+    ParseJson {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("{path} has no chat_template and there is no chat_template.jinja beside it")]
     NoTemplate { path: PathBuf },
     #[error("compiling the chat template: {message}")]
@@ -57,7 +60,10 @@ pub enum ChatError {
     #[error("tokenizing: {message}")]
     Tokenize { message: String },
     #[error("malformed {api} request body")]
-    ParseRequest { api: &'static str, source: serde_json::Error },
+    ParseRequest {
+        api: &'static str,
+        source: serde_json::Error,
+    },
     #[error("messages[{index}]: unknown role `{role}`")]
     UnknownRole { index: usize, role: String },
 }
@@ -88,13 +94,13 @@ impl ChatFormat {
         let config = template::read_json(tokenizer_config)?;
         let chat_template = match template {
             Some(p) => {
-                let src = std::fs::read_to_string(p).map_err(|source| ChatError::Read { path: p.into(), source })?;
+                let src = std::fs::read_to_string(p).map_err(|source| ChatError::Read {
+                    path: p.into(),
+                    source,
+                })?;
                 ChatTemplate::new(src)?
             }
-            None => {
-                let dir = tokenizer_config.parent().unwrap_or(Path::new("."));
-                return Self::from_model_dir(dir);
-            }
+            None => ChatTemplate::from_model_dir(tokenizer_config.parent().unwrap_or(Path::new(".")))?,
         };
         let tokenizer = ChatTokenizer::from_file(tokenizer_json)?;
         Ok(Self::new(chat_template.with_special_tokens(&config), tokenizer))
@@ -103,7 +109,11 @@ impl ChatFormat {
     /// Combine a template and a tokenizer; the tool-call syntax is detected from the template.
     pub fn new(template: ChatTemplate, tokenizer: ChatTokenizer) -> Self {
         let tool_format = ToolCallFormat::detect(template.source());
-        ChatFormat { template, tokenizer, tool_format }
+        ChatFormat {
+            template,
+            tokenizer,
+            tool_format,
+        }
     }
 
     /// The template.
@@ -168,7 +178,10 @@ impl ChatFormat {
         tools: &[ToolSpec],
     ) -> Result<ParsedOutput, ChatError> {
         let text = self.decode(output_ids, true)?;
-        Ok(self.stream_parser(ids, starts_in_reasoning).with_tools(tools).parse_all(&text))
+        Ok(self
+            .stream_parser(ids, starts_in_reasoning)
+            .with_tools(tools)
+            .parse_all(&text))
     }
 }
 

@@ -156,7 +156,10 @@ pub struct ChatFunctionSpec {
 impl ChatCompletionRequest {
     /// Parse a request body.
     pub fn from_json(body: &str) -> Result<Self, ChatError> {
-        serde_json::from_str(body).map_err(|source| ChatError::ParseRequest { api: "openai", source })
+        serde_json::from_str(body).map_err(|source| ChatError::ParseRequest {
+            api: "openai",
+            source,
+        })
     }
 
     /// The conversation this request describes.
@@ -181,7 +184,12 @@ impl ChatCompletionRequest {
             .as_ref()
             .and_then(|k| k.get("enable_thinking"))
             .and_then(Value::as_bool);
-        Ok(Conversation { messages, tools, tool_choice: tool_choice(self.tool_choice.as_ref()), thinking })
+        Ok(Conversation {
+            messages,
+            tools,
+            tool_choice: tool_choice(self.tool_choice.as_ref()),
+            thinking,
+        })
     }
 }
 
@@ -191,7 +199,12 @@ fn convert_message(index: usize, m: &ChatMessage) -> Result<Message, ChatError> 
         "user" => Role::User,
         "assistant" => Role::Assistant,
         "tool" | "function" => Role::Tool,
-        other => return Err(ChatError::UnknownRole { index, role: other.to_string() }),
+        other => {
+            return Err(ChatError::UnknownRole {
+                index,
+                role: other.to_string(),
+            })
+        }
     };
     let content = m.content.as_ref().map(ChatContent::to_text).unwrap_or_default();
     let tool_calls = m
@@ -270,7 +283,8 @@ mod tests {
 
     #[test]
     fn unknown_role_names_the_message() {
-        let req = ChatCompletionRequest::from_json(r#"{"messages":[{"role":"user"},{"role":"robot"}]}"#).unwrap();
+        let req =
+            ChatCompletionRequest::from_json(r#"{"messages":[{"role":"user"},{"role":"robot"}]}"#).unwrap();
         let err = req.to_conversation().unwrap_err().to_string();
         assert!(err.contains("messages[1]") && err.contains("robot"), "{err}");
     }

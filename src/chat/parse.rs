@@ -55,7 +55,11 @@ pub struct ToolCallIds {
 impl ToolCallIds {
     /// Ids for generation `generation` of trial `trial`, prefix `call_`.
     pub fn new(trial: impl Into<String>, generation: u64) -> Self {
-        ToolCallIds { trial: trial.into(), generation, prefix: "call_".into() }
+        ToolCallIds {
+            trial: trial.into(),
+            generation,
+            prefix: "call_".into(),
+        }
     }
 
     /// The same ids with another prefix.
@@ -93,7 +97,10 @@ pub enum StreamEvent {
     Reasoning(String),
     Text(String),
     /// A complete tool call (`index` counts calls of this generation from 0).
-    ToolCall { index: usize, call: ToolCall },
+    ToolCall {
+        index: usize,
+        call: ToolCall,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,10 +169,22 @@ impl StreamParser {
             format,
             ids,
             tools: Vec::new(),
-            state: if starts_in_reasoning { State::Reasoning } else { State::Start },
+            state: if starts_in_reasoning {
+                State::Reasoning
+            } else {
+                State::Start
+            },
             buf: String::new(),
-            text: Trimmer { pending: String::new(), drop_leading: true, pred: char::is_whitespace },
-            reasoning: Trimmer { pending: String::new(), drop_leading: true, pred: is_newline },
+            text: Trimmer {
+                pending: String::new(),
+                drop_leading: true,
+                pred: char::is_whitespace,
+            },
+            reasoning: Trimmer {
+                pending: String::new(),
+                drop_leading: true,
+                pred: is_newline,
+            },
             saw_reasoning: starts_in_reasoning,
             calls: 0,
             malformed: 0,
@@ -247,7 +266,11 @@ impl StreamParser {
                         self.state = State::Text;
                     }
                     None => {
-                        let keep = if eof { 0 } else { partial_suffix(&self.buf, THINK_CLOSE) };
+                        let keep = if eof {
+                            0
+                        } else {
+                            partial_suffix(&self.buf, THINK_CLOSE)
+                        };
                         let part: String = self.buf.drain(..self.buf.len() - keep).collect();
                         self.emit_reasoning(&part, out);
                         return;
@@ -261,7 +284,11 @@ impl StreamParser {
                         self.state = State::ToolCall;
                     }
                     None => {
-                        let keep = if eof { 0 } else { partial_suffix(&self.buf, CALL_OPEN) };
+                        let keep = if eof {
+                            0
+                        } else {
+                            partial_suffix(&self.buf, CALL_OPEN)
+                        };
                         let part: String = self.buf.drain(..self.buf.len() - keep).collect();
                         self.emit_text(&part, out);
                         return;
@@ -279,8 +306,15 @@ impl StreamParser {
                     };
                     match self.parse_call(&body) {
                         Some((name, arguments)) => {
-                            let call = ToolCall { id: self.ids.id(self.calls), name, arguments };
-                            out.push(StreamEvent::ToolCall { index: self.calls, call });
+                            let call = ToolCall {
+                                id: self.ids.id(self.calls),
+                                name,
+                                arguments,
+                            };
+                            out.push(StreamEvent::ToolCall {
+                                index: self.calls,
+                                call,
+                            });
                             self.calls += 1;
                             self.text.cut();
                         }
@@ -307,7 +341,10 @@ impl StreamParser {
 
 /// Gather events into a [`ParsedOutput`].
 pub fn collect(events: Vec<StreamEvent>, saw_reasoning: bool, malformed: usize) -> ParsedOutput {
-    let mut p = ParsedOutput { malformed_tool_calls: malformed, ..Default::default() };
+    let mut p = ParsedOutput {
+        malformed_tool_calls: malformed,
+        ..Default::default()
+    };
     if saw_reasoning {
         p.reasoning = Some(String::new());
     }
@@ -347,7 +384,11 @@ fn parse_json_call(body: &str) -> Option<(String, String)> {
         None => "{}".to_string(),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Object(_)) => {
-            let key = if obj.contains_key("arguments") { "arguments" } else { "parameters" };
+            let key = if obj.contains_key("arguments") {
+                "arguments"
+            } else {
+                "parameters"
+            };
             top_level_value_span(body, key)?.to_string()
         }
         Some(_) => return None,
@@ -399,12 +440,18 @@ fn parse_xml_call(body: &str, tools: &[ToolSpec]) -> Option<(String, String)> {
     let end = rest.find('>')?;
     let name = rest[..end].trim().to_string();
     rest = &rest[end + 1..];
-    let schema = tools.iter().find(|t| t.name == name).map(|t| &t.parameters["properties"]);
+    let schema = tools
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| &t.parameters["properties"]);
     let mut args = Map::new();
     loop {
         rest = rest.trim_start();
         if let Some(r) = rest.strip_prefix("</function>") {
-            return r.trim().is_empty().then(|| (name, Value::Object(args).to_string()));
+            return r
+                .trim()
+                .is_empty()
+                .then(|| (name, Value::Object(args).to_string()));
         }
         let r = rest.strip_prefix("<parameter=")?;
         let end = r.find('>')?;

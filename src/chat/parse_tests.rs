@@ -22,7 +22,10 @@ fn qwen3_reasoning_text_and_calls() {
     assert_eq!(p.tool_calls.len(), 2);
     assert_eq!(p.tool_calls[0].name, "bash");
     // the model's exact argument text, whitespace included
-    assert_eq!(p.tool_calls[0].arguments, r#"{"command": "ls -la",  "opts": {"a": [1, 2]}}"#);
+    assert_eq!(
+        p.tool_calls[0].arguments,
+        r#"{"command": "ls -la",  "opts": {"a": [1, 2]}}"#
+    );
     assert_eq!(p.tool_calls[1].arguments, r#"{"path": "/testbed/calc.py"}"#);
     assert_eq!(p.tool_calls[0].id, ids().id(0));
     assert_eq!(p.tool_calls[1].id, ids().id(1));
@@ -33,7 +36,12 @@ fn tool_call_ids_are_stable_and_distinct() {
     let a = ToolCallIds::new("t", 0);
     assert_eq!(a.id(0), ToolCallIds::new("t", 0).id(0));
     assert!(a.id(0).starts_with("call_") && a.id(0).len() == 5 + 24);
-    let all = [a.id(0), a.id(1), ToolCallIds::new("t", 1).id(0), ToolCallIds::new("u", 0).id(0)];
+    let all = [
+        a.id(0),
+        a.id(1),
+        ToolCallIds::new("t", 1).id(0),
+        ToolCallIds::new("u", 0).id(0),
+    ];
     for i in 0..all.len() {
         for j in i + 1..all.len() {
             assert_ne!(all[i], all[j]);
@@ -48,10 +56,16 @@ fn malformed_calls_come_back_as_text_and_are_counted() {
     let p = json_parser().parse_all(out);
     assert_eq!(p.malformed_tool_calls, 1);
     assert!(p.tool_calls.is_empty());
-    assert_eq!(p.content, "Trying.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \n</tool_call>\nok");
+    assert_eq!(
+        p.content,
+        "Trying.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \n</tool_call>\nok"
+    );
     // unterminated and truncated: text, counted
     let p = json_parser().parse_all("<tool_call>\n{\"name\": \"ba");
-    assert_eq!((p.content.as_str(), p.malformed_tool_calls), ("<tool_call>\n{\"name\": \"ba", 1));
+    assert_eq!(
+        (p.content.as_str(), p.malformed_tool_calls),
+        ("<tool_call>\n{\"name\": \"ba", 1)
+    );
     // unterminated but complete (stopped right before </tool_call>): accepted
     let p = json_parser().parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n");
     assert_eq!((p.tool_calls.len(), p.malformed_tool_calls), (1, 0));
@@ -62,7 +76,8 @@ fn malformed_calls_come_back_as_text_and_are_counted() {
 
 #[test]
 fn string_arguments_and_no_think() {
-    let p = json_parser().parse_all("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>");
+    let p = json_parser()
+        .parse_all("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>");
     assert_eq!(p.reasoning, None);
     assert_eq!(p.tool_calls[0].arguments, r#"{"a": 1}"#);
     let p = json_parser().parse_all("Just an answer.");
@@ -72,9 +87,14 @@ fn string_arguments_and_no_think() {
 #[test]
 fn prompt_opened_think() {
     let p = StreamParser::new(ToolCallFormat::Json, ids(), true).parse_all("plan\n</think>\n\nanswer");
-    assert_eq!((p.reasoning.as_deref(), p.content.as_str()), (Some("plan"), "answer"));
+    assert_eq!(
+        (p.reasoning.as_deref(), p.content.as_str()),
+        (Some("plan"), "answer")
+    );
     assert!(ends_inside_think("<|im_start|>assistant\n<think>\n"));
-    assert!(!ends_inside_think("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    assert!(!ends_inside_think(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    ));
     assert!(!ends_inside_think("<|im_start|>assistant\n"));
 }
 
@@ -92,7 +112,9 @@ fn coder_tools() -> Vec<ToolSpec> {
 
 #[test]
 fn qwen3_coder_xml_calls_typed_by_schema() {
-    let p = StreamParser::new(ToolCallFormat::Xml, ids(), false).with_tools(&coder_tools()).parse_all(CODER_OUT);
+    let p = StreamParser::new(ToolCallFormat::Xml, ids(), false)
+        .with_tools(&coder_tools())
+        .parse_all(CODER_OUT);
     assert_eq!(p.content, "I'll edit.");
     assert_eq!(p.tool_calls.len(), 1);
     assert_eq!(p.tool_calls[0].name, "str_replace");
@@ -113,7 +135,9 @@ fn qwen3_coder_xml_calls_typed_by_schema() {
 
 /// A tiny deterministic generator for chunk boundaries.
 fn lcg(seed: &mut u64) -> usize {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (*seed >> 33) as usize
 }
 
@@ -136,12 +160,27 @@ fn streaming_agrees_with_whole_parse_on_every_split() {
     // Regression guard for the vLLM hermes bug class: streamed Qwen3 calls losing their last `}`.
     let outputs = [
         (json_parser(), QWEN3_OUT),
-        (json_parser(), "Trying.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \n</tool_call>\nok"),
-        (json_parser(), "  <think>\n\n</think>\n\nHé 😀 <tool_cal not a call < tool_call>\n\n"),
+        (
+            json_parser(),
+            "Trying.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \n</tool_call>\nok",
+        ),
+        (
+            json_parser(),
+            "  <think>\n\n</think>\n\nHé 😀 <tool_cal not a call < tool_call>\n\n",
+        ),
         (json_parser(), "<think>unterminated reasoning </thi"),
-        (json_parser(), "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"}</tool_call>\"}}</tool_call>"),
-        (StreamParser::new(ToolCallFormat::Json, ids(), true), "a\n\n</think>\n\nb\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n\nafter"),
-        (StreamParser::new(ToolCallFormat::Xml, ids(), false).with_tools(&coder_tools()), CODER_OUT),
+        (
+            json_parser(),
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"}</tool_call>\"}}</tool_call>",
+        ),
+        (
+            StreamParser::new(ToolCallFormat::Json, ids(), true),
+            "a\n\n</think>\n\nb\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n\nafter",
+        ),
+        (
+            StreamParser::new(ToolCallFormat::Xml, ids(), false).with_tools(&coder_tools()),
+            CODER_OUT,
+        ),
     ];
     let mut seed = 7;
     for (parser, text) in outputs {
@@ -149,7 +188,11 @@ fn streaming_agrees_with_whole_parse_on_every_split() {
         let splits = char_splits(text);
         // one split at every position
         for &i in &splits {
-            assert_eq!(stream(&parser, &[&text[..i], &text[i..]]), whole, "split at {i} of {text:?}");
+            assert_eq!(
+                stream(&parser, &[&text[..i], &text[i..]]),
+                whole,
+                "split at {i} of {text:?}"
+            );
         }
         // char by char
         let chars: Vec<String> = text.chars().map(String::from).collect();
@@ -157,7 +200,9 @@ fn streaming_agrees_with_whole_parse_on_every_split() {
         assert_eq!(stream(&parser, &refs), whole, "char by char {text:?}");
         // 200 random chunkings
         for _ in 0..200 {
-            let mut cuts: Vec<usize> = (0..lcg(&mut seed) % 8).map(|_| splits[lcg(&mut seed) % splits.len()]).collect();
+            let mut cuts: Vec<usize> = (0..lcg(&mut seed) % 8)
+                .map(|_| splits[lcg(&mut seed) % splits.len()])
+                .collect();
             cuts.extend([0, text.len()]);
             cuts.sort_unstable();
             let chunks: Vec<&str> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect();

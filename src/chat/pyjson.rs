@@ -143,14 +143,21 @@ pub fn float_repr(f: f64) -> String {
             let (int, frac) = if digits.len() > e + 1 {
                 (digits[..e + 1].to_string(), digits[e + 1..].to_string())
             } else {
-                (format!("{digits}{}", "0".repeat(e + 1 - digits.len())), "0".to_string())
+                (
+                    format!("{digits}{}", "0".repeat(e + 1 - digits.len())),
+                    "0".to_string(),
+                )
             };
             format!("{sign}{int}.{frac}")
         } else {
             format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize))
         }
     } else {
-        let m = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
+        let m = if digits.len() > 1 {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        } else {
+            digits
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{m}e{esign}{:02}", exp.abs())
     }
@@ -176,13 +183,20 @@ fn py_repr(v: &Value) -> String {
         Value::Array(a) => format!("[{}]", a.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
         Value::Object(o) => format!(
             "{{{}}}",
-            o.iter().map(|(k, x)| format!("{}: {}", py_str_repr(k), py_repr(x))).collect::<Vec<_>>().join(", ")
+            o.iter()
+                .map(|(k, x)| format!("{}: {}", py_str_repr(k), py_repr(x)))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
 
 fn py_str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::new();
     out.push(quote);
     for c in s.chars() {
@@ -213,12 +227,27 @@ mod tests {
     // Expected strings are Python 3 outputs of json.dumps(..., ensure_ascii=False) / repr / str.
     #[test]
     fn dumps_like_python() {
-        let v: Value = serde_json::from_str(r#"{"b": [1, 2.5, true, null], "a": "é\n\"<>&\u0001", "c": {}, "d": []}"#).unwrap();
-        assert_eq!(dumps(&v, &DumpOptions::default()), r#"{"b": [1, 2.5, true, null], "a": "é\n\"<>&\u0001", "c": {}, "d": []}"#);
-        let opts = DumpOptions { ensure_ascii: true, ..Default::default() };
+        let v: Value =
+            serde_json::from_str(r#"{"b": [1, 2.5, true, null], "a": "é\n\"<>&\u0001", "c": {}, "d": []}"#)
+                .unwrap();
+        assert_eq!(
+            dumps(&v, &DumpOptions::default()),
+            r#"{"b": [1, 2.5, true, null], "a": "é\n\"<>&\u0001", "c": {}, "d": []}"#
+        );
+        let opts = DumpOptions {
+            ensure_ascii: true,
+            ..Default::default()
+        };
         assert_eq!(dumps(&json!("é😀"), &opts), r#""\u00e9\ud83d\ude00""#);
-        let opts = DumpOptions { indent: Some(2), sort_keys: true, ..Default::default() };
-        assert_eq!(dumps(&json!({"b": [1], "a": 2}), &opts), "{\n  \"a\": 2,\n  \"b\": [\n    1\n  ]\n}");
+        let opts = DumpOptions {
+            indent: Some(2),
+            sort_keys: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            dumps(&json!({"b": [1], "a": 2}), &opts),
+            "{\n  \"a\": 2,\n  \"b\": [\n    1\n  ]\n}"
+        );
     }
 
     #[test]

@@ -36,7 +36,11 @@ pub struct RenderOptions {
 impl RenderOptions {
     /// Options for a generation prompt.
     pub fn generation(enable_thinking: Option<bool>) -> Self {
-        RenderOptions { add_generation_prompt: true, enable_thinking, extra: Map::new() }
+        RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking,
+            extra: Map::new(),
+        }
     }
 }
 
@@ -65,8 +69,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
-            .map_err(|e| ChatError::CompileTemplate { message: format!("{e:#}") })?;
-        Ok(ChatTemplate { env, source, special_tokens: Map::new() })
+            .map_err(|e| ChatError::CompileTemplate {
+                message: format!("{e:#}"),
+            })?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            special_tokens: Map::new(),
+        })
     }
 
     /// The template of a Hugging Face model folder: `chat_template.jinja` if present (as
@@ -77,9 +87,14 @@ impl ChatTemplate {
         let config = read_json(&config_path)?;
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.exists() {
-            std::fs::read_to_string(&jinja).map_err(|source| ChatError::Read { path: jinja.clone(), source })?
+            std::fs::read_to_string(&jinja).map_err(|source| ChatError::Read {
+                path: jinja.clone(),
+                source,
+            })?
         } else {
-            template_from_config(&config).ok_or_else(|| ChatError::NoTemplate { path: config_path.clone() })?
+            template_from_config(&config).ok_or_else(|| ChatError::NoTemplate {
+                path: config_path.clone(),
+            })?
         };
         Ok(ChatTemplate::new(source)?.with_special_tokens(&config))
     }
@@ -131,16 +146,26 @@ impl ChatTemplate {
             ctx.insert("enable_thinking".into(), Value::Bool(t));
         }
         ctx.insert("messages".into(), Value::Array(messages.to_vec()));
-        ctx.insert("tools".into(), tools.map_or(Value::Null, |t| Value::Array(t.to_vec())));
+        ctx.insert(
+            "tools".into(),
+            tools.map_or(Value::Null, |t| Value::Array(t.to_vec())),
+        );
         ctx.insert("documents".into(), Value::Null);
-        ctx.insert("add_generation_prompt".into(), Value::Bool(opts.add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(opts.add_generation_prompt),
+        );
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| ChatError::RenderTemplate { message: format!("{e:#}") })?;
+            .map_err(|e| ChatError::RenderTemplate {
+                message: format!("{e:#}"),
+            })?;
         template
             .render(JValue::from_serialize(&ctx))
-            .map_err(|e| ChatError::RenderTemplate { message: render_error_message(&e) })
+            .map_err(|e| ChatError::RenderTemplate {
+                message: render_error_message(&e),
+            })
     }
 }
 
@@ -153,8 +178,14 @@ fn render_error_message(e: &JError) -> String {
 }
 
 pub(crate) fn read_json(path: &Path) -> Result<Value, ChatError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ChatError::Read { path: path.into(), source })?;
-    serde_json::from_str(&text).map_err(|source| ChatError::ParseJson { path: path.into(), source })
+    let text = std::fs::read_to_string(path).map_err(|source| ChatError::Read {
+        path: path.into(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ChatError::ParseJson {
+        path: path.into(),
+        source,
+    })
 }
 
 fn template_from_config(config: &Value) -> Option<String> {
@@ -192,7 +223,10 @@ fn tojson(value: JValue, indent: Option<JValue>, kwargs: Kwargs) -> Result<JValu
         if let [item, key] = seps.as_slice() {
             opts.separators = Some((item.clone(), key.clone()));
         } else {
-            return Err(JError::new(ErrorKind::InvalidOperation, "separators must be a pair"));
+            return Err(JError::new(
+                ErrorKind::InvalidOperation,
+                "separators must be a pair",
+            ));
         }
     }
     kwargs.assert_all_used()?;
@@ -215,7 +249,10 @@ fn string(value: JValue) -> Result<JValue, JError> {
 /// length > 0` fail on `tools=None`.
 fn is_iterable(value: JValue) -> bool {
     use minijinja::value::ValueKind as K;
-    matches!(value.kind(), K::String | K::Seq | K::Map | K::Iterable | K::Undefined)
+    matches!(
+        value.kind(),
+        K::String | K::Seq | K::Map | K::Iterable | K::Undefined
+    )
 }
 
 /// Jinja2's `sequence` test (`len()` and `__getitem__`): true for strings and dicts too.
@@ -231,8 +268,12 @@ fn raise_exception(message: String) -> Result<JValue, JError> {
 fn strftime_now(format: String) -> Result<JValue, JError> {
     use std::fmt::Write;
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format(&format))
-        .map_err(|_| JError::new(ErrorKind::InvalidOperation, format!("bad strftime format {format:?}")))?;
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        JError::new(
+            ErrorKind::InvalidOperation,
+            format!("bad strftime format {format:?}"),
+        )
+    })?;
     Ok(JValue::from(out))
 }
 
@@ -249,7 +290,10 @@ mod tests {
     #[test]
     fn qwen3_generation_prompt_matches_documented_strings() {
         // From shared/models/README.md (checked there with transformers).
-        let conv = Conversation { messages: vec![Message::text(Role::User, "hi")], ..Default::default() };
+        let conv = Conversation {
+            messages: vec![Message::text(Role::User, "hi")],
+            ..Default::default()
+        };
         let t = qwen3();
         assert_eq!(
             t.render(&conv, &RenderOptions::generation(Some(false))).unwrap(),

@@ -34,8 +34,10 @@ pub struct ChatTokenizer {
 impl ChatTokenizer {
     /// Load `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self, ChatError> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| ChatError::LoadTokenizer { path: path.into(), message: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| ChatError::LoadTokenizer {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         let id = |t: &str| inner.token_to_id(t);
         let special = SpecialTokens {
             endoftext: id("<|endoftext|>"),
@@ -68,17 +70,20 @@ impl ChatTokenizer {
 
     /// Token ids of `text`, no special tokens added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ChatError> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| ChatError::Tokenize { message: e.to_string() })?;
+        let enc = self.inner.encode(text, false).map_err(|e| ChatError::Tokenize {
+            message: e.to_string(),
+        })?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids`; with `skip_special`, tokens marked special (`<|im_end|>`) are left out but
     /// added non-special tokens (`<think>`, `<tool_call>`) are kept.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, ChatError> {
-        self.inner.decode(ids, skip_special).map_err(|e| ChatError::Tokenize { message: e.to_string() })
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| ChatError::Tokenize {
+                message: e.to_string(),
+            })
     }
 }
 
@@ -95,7 +100,10 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// A decoder; `skip_special` as in [`ChatTokenizer::decode`].
     pub fn new(skip_special: bool) -> Self {
-        IncrementalDecoder { skip_special, ..Default::default() }
+        IncrementalDecoder {
+            skip_special,
+            ..Default::default()
+        }
     }
 
     /// Add one token; returns the text it completes (possibly empty).
@@ -135,15 +143,35 @@ mod tests {
     #[test]
     fn known_ids_from_models_readme() {
         let t = tok();
-        assert_eq!(t.encode("<|im_start|>user\nhi<|im_end|>").unwrap(), vec![151644, 872, 198, 6023, 151645]);
         assert_eq!(
-            t.encode("<|im_start|>user\n1+1=?<|im_end|>\n<|im_start|>assistant\n").unwrap(),
+            t.encode("<|im_start|>user\nhi<|im_end|>").unwrap(),
+            vec![151644, 872, 198, 6023, 151645]
+        );
+        assert_eq!(
+            t.encode("<|im_start|>user\n1+1=?<|im_end|>\n<|im_start|>assistant\n")
+                .unwrap(),
             vec![151644, 872, 198, 16, 10, 16, 19884, 151645, 198, 151644, 77091, 198]
         );
         let s = t.special();
         assert_eq!(
-            (s.endoftext, s.im_start, s.im_end, s.tool_call_start, s.tool_call_end, s.think_start, s.think_end),
-            (Some(151643), Some(151644), Some(151645), Some(151657), Some(151658), Some(151667), Some(151668))
+            (
+                s.endoftext,
+                s.im_start,
+                s.im_end,
+                s.tool_call_start,
+                s.tool_call_end,
+                s.think_start,
+                s.think_end
+            ),
+            (
+                Some(151643),
+                Some(151644),
+                Some(151645),
+                Some(151657),
+                Some(151658),
+                Some(151667),
+                Some(151668)
+            )
         );
         assert_eq!(t.vocab_size(), 151669);
     }
@@ -151,8 +179,13 @@ mod tests {
     #[test]
     fn decode_skips_only_special_tokens() {
         let t = tok();
-        let ids = t.encode("<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>").unwrap();
-        assert_eq!(t.decode(&ids, true).unwrap(), "<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call>");
+        let ids = t
+            .encode("<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>")
+            .unwrap();
+        assert_eq!(
+            t.decode(&ids, true).unwrap(),
+            "<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call>"
+        );
         assert!(t.decode(&ids, false).unwrap().ends_with("<|im_end|>"));
     }
 

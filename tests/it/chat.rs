@@ -45,7 +45,10 @@ fn reference_conversation(id: &str, convs: &BTreeMap<String, Value>) -> Conversa
         }
         None => convs[id].to_string(),
     };
-    ChatCompletionRequest::from_json(&body).unwrap().to_conversation().unwrap()
+    ChatCompletionRequest::from_json(&body)
+        .unwrap()
+        .to_conversation()
+        .unwrap()
 }
 
 #[test]
@@ -55,7 +58,8 @@ fn rendering_matches_transformers_byte_for_byte() {
         .into_iter()
         .map(|c| (c["id"].as_str().unwrap().to_string(), c))
         .collect();
-    let formats: BTreeMap<&str, ChatFormat> = [("qwen3", format("qwen3")), ("qwen3-coder", format("qwen3-coder"))].into();
+    let formats: BTreeMap<&str, ChatFormat> =
+        [("qwen3", format("qwen3")), ("qwen3-coder", format("qwen3-coder"))].into();
     let rows = jsonl(&root().join("testdata/chat/expected.jsonl"));
     let mut distinct = HashSet::new();
     let (mut with_tools, mut hashed) = (0, 0);
@@ -73,8 +77,18 @@ fn rendering_matches_transformers_byte_for_byte() {
         let got = fmt.render(&conv, &opts);
         if let Some(want_hash) = row.get("sha256").and_then(Value::as_str) {
             let got = got.unwrap_or_else(|e| panic!("{id}: {e:#}"));
-            assert_eq!(got.len() as u64, row["bytes"].as_u64().unwrap(), "{id} / {}: length", row["template"]);
-            assert_eq!(hex::encode(Sha256::digest(got.as_bytes())), want_hash, "{id} / {}", row["template"]);
+            assert_eq!(
+                got.len() as u64,
+                row["bytes"].as_u64().unwrap(),
+                "{id} / {}: length",
+                row["template"]
+            );
+            assert_eq!(
+                hex::encode(Sha256::digest(got.as_bytes())),
+                want_hash,
+                "{id} / {}",
+                row["template"]
+            );
             hashed += 1;
             continue;
         }
@@ -91,23 +105,41 @@ fn rendering_matches_transformers_byte_for_byte() {
                 }
             }
             (None, Err(_)) => {}
-            (want, got) => panic!("{id} / {}: transformers {want:?}, lego-rl {got:?}", row["template"]),
+            (want, got) => panic!(
+                "{id} / {}: transformers {want:?}, lego-rl {got:?}",
+                row["template"]
+            ),
         }
     }
-    assert!(distinct.len() >= 30, "only {} distinct conversations", distinct.len());
-    assert!(rows.len() >= 150 && hashed >= 60 && with_tools >= 80, "{} rows, {hashed} hashed, {with_tools} with tools", rows.len());
+    assert!(
+        distinct.len() >= 30,
+        "only {} distinct conversations",
+        distinct.len()
+    );
+    assert!(
+        rows.len() >= 150 && hashed >= 60 && with_tools >= 80,
+        "{} rows, {hashed} hashed, {with_tools} with tools",
+        rows.len()
+    );
 }
 
 fn venv_python() -> Option<PathBuf> {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let venv = std::env::var_os("LEGO_RL_VENV").map(PathBuf::from).unwrap_or(home.join(".cache/lego-rl/venv"));
-    [root().join(".venv/bin/python"), venv.join("bin/python")].into_iter().find(|p| p.exists())
+    let venv = std::env::var_os("LEGO_RL_VENV")
+        .map(PathBuf::from)
+        .unwrap_or(home.join(".cache/lego-rl/venv"));
+    [root().join(".venv/bin/python"), venv.join("bin/python")]
+        .into_iter()
+        .find(|p| p.exists())
 }
 
 #[test]
 fn reference_script_reproduces_committed_expectations() {
     let Some(python) = venv_python() else {
-        assert!(std::env::var_os("CI").is_none(), "CI is set but the venv is missing: run scripts/setup.sh");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but the venv is missing: run scripts/setup.sh"
+        );
         eprintln!("skipping: no venv python (run scripts/setup.sh)");
         return;
     };
@@ -122,7 +154,10 @@ fn reference_script_reproduces_committed_expectations() {
     assert!(status.success(), "chat_reference.py failed");
     let fresh = std::fs::read_to_string(&out).unwrap();
     let committed = std::fs::read_to_string(root().join("testdata/chat/expected.jsonl")).unwrap();
-    assert!(fresh == committed, "transformers now renders differently: rerun scripts/chat_reference.py and review");
+    assert!(
+        fresh == committed,
+        "transformers now renders differently: rerun scripts/chat_reference.py and review"
+    );
 }
 
 fn request_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -171,13 +206,21 @@ fn every_captured_harness_request_converts_and_renders() {
                 continue; // HEAD / probe
             };
             let conv = conv.unwrap_or_else(|e| panic!("{what}: {e:#}"));
-            assert!(conv.messages.iter().any(|m| m.role == Role::User), "{what}: no user message");
+            assert!(
+                conv.messages.iter().any(|m| m.role == Role::User),
+                "{what}: no user message"
+            );
             assert_results_link_to_calls(&conv, &what);
             tool_results += conv.messages.iter().filter(|m| m.role == Role::Tool).count();
             reasoning += conv.messages.iter().filter(|m| m.reasoning.is_some()).count();
             for fmt in [&qwen3, &coder] {
-                let text = fmt.render(&conv, &RenderOptions::generation(conv.thinking)).unwrap_or_else(|e| panic!("{what}: {e:#}"));
-                assert!(text.ends_with("<|im_start|>assistant\n") || text.ends_with("</think>\n\n"), "{what}");
+                let text = fmt
+                    .render(&conv, &RenderOptions::generation(conv.thinking))
+                    .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+                assert!(
+                    text.ends_with("<|im_start|>assistant\n") || text.ends_with("</think>\n\n"),
+                    "{what}"
+                );
             }
             converted += 1;
         }

@@ -1,6 +1,6 @@
 //! Integration tests: one binary, one module per area.
 
-mod cli;
 mod chat;
+mod cli;
 mod common;
 mod io;
