@@ -168,7 +168,11 @@ impl MessagesRequest {
                 parameters: t.input_schema.clone(),
             })
             .collect();
-        let thinking = self.thinking.as_ref().map(|t| t.kind == "enabled");
+        let thinking = self.thinking.as_ref().and_then(|t| match t.kind.as_str() {
+            "enabled" | "adaptive" => Some(true),
+            "disabled" => Some(false),
+            _ => None,
+        });
         Ok(Conversation {
             messages,
             tools,

@@ -250,3 +250,50 @@ fn qwen3_coder_xml_turns_splice() {
     let fp2 = splice(&fmt, &first, &opts, &g, &next_request(&first, echoed, "listing")).unwrap();
     assert_eq!(fp2, fp);
 }
+
+/// Three generations of one thread, each prompt spliced on the previous one's tokens.
+fn chain(reserialize: bool) -> (Vec<u32>, Vec<u32>, Conversation) {
+    let fmt = qwen3();
+    let (first, opts) = (first_request(), RenderOptions::generation(None));
+    let g0 = generate(&fmt, &first, &opts, QWEN3_OUT);
+    let echo = |m: &Message| {
+        let mut m = m.clone();
+        if reserialize {
+            m.reasoning = None;
+            for c in &mut m.tool_calls {
+                let v: serde_json::Value = serde_json::from_str(&c.arguments).unwrap();
+                c.arguments = format!("{} ", v); // compact + trailing space
+            }
+        }
+        m
+    };
+    let req1 = next_request(&first, echo(&g0.assistant), "calc.py");
+    let p1 = splice(&fmt, &first, &opts, &g0, &req1).unwrap().prompt_ids;
+    let out1 = "<think>\nRead it.\n</think>\n\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"cat calc.py\"}}\n</tool_call><|im_end|>";
+    let o1 = fmt.encode(out1).unwrap();
+    let a1 = fmt
+        .parse_output(&o1, ToolCallIds::new("trial", 1), false, &first.tools)
+        .unwrap()
+        .to_message();
+    assert_ne!(a1.tool_calls[0].id, g0.assistant.tool_calls[0].id);
+    let req2 = next_request(&req1, echo(&a1), "def add(a, b): return a - b");
+    let g1 = Gen {
+        prompt: p1.clone(),
+        output: o1.clone(),
+        assistant: a1,
+    };
+    let p2 = splice(&fmt, &req1, &opts, &g1, &req2).unwrap().prompt_ids;
+    assert!(p2.starts_with(&[p1.as_slice(), o1.as_slice()].concat()));
+    assert!(p2.starts_with(&[g0.prompt.as_slice(), g0.output.as_slice()].concat()));
+    (p2, fmt.prompt_ids(&req2, &opts).unwrap(), req2)
+}
+
+#[test]
+fn multi_turn_chain_keeps_every_captured_token() {
+    let (canonical, rendered, _) = chain(false);
+    assert_eq!(canonical, rendered, "canonical echoes: faithful == rendered");
+    let (faithful, rendered, req2) = chain(true);
+    assert_eq!(faithful, canonical, "re-serialized echoes change nothing");
+    assert_ne!(rendered, canonical);
+    assert_eq!(req2.messages.len(), 6);
+}

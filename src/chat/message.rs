@@ -47,6 +47,27 @@ impl ToolCall {
     pub fn arguments_json(&self) -> Option<Value> {
         serde_json::from_str(&self.arguments).ok()
     }
+
+    /// Arguments with key order and whitespace normalized (keys sorted recursively, compact), for
+    /// comparing a harness's re-serialized copy with the generated call; the text itself when it
+    /// is not JSON.
+    pub fn normalized_arguments(&self) -> String {
+        fn sort(v: Value) -> Value {
+            match v {
+                Value::Object(o) => {
+                    let mut entries: Vec<_> = o.into_iter().map(|(k, v)| (k, sort(v))).collect();
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                    Value::Object(entries.into_iter().collect())
+                }
+                Value::Array(a) => Value::Array(a.into_iter().map(sort).collect()),
+                other => other,
+            }
+        }
+        match self.arguments_json() {
+            Some(v) => sort(v).to_string(),
+            None => self.arguments.clone(),
+        }
+    }
 }
 
 /// One message of a conversation. Fields not used by a role stay empty.
@@ -232,6 +253,27 @@ mod tests {
             template_message(&m2)["tool_calls"][0]["function"]["arguments"],
             "not json"
         );
+    }
+
+    #[test]
+    fn normalized_arguments_ignore_key_order_and_whitespace() {
+        let call = |a: &str| ToolCall {
+            id: "c".into(),
+            name: "f".into(),
+            arguments: a.into(),
+        };
+        let a = call(r#"{"b": {"y": 1, "x": [2, {"d": 0, "c": 1}]}, "a": "s"}"#);
+        let b = call("{\"a\":\"s\",\n \"b\":{\"x\":[2,{\"c\":1,\"d\":0}],\"y\":1}}");
+        assert_eq!(a.normalized_arguments(), b.normalized_arguments());
+        assert_eq!(
+            a.normalized_arguments(),
+            r#"{"a":"s","b":{"x":[2,{"c":1,"d":0}],"y":1}}"#
+        );
+        assert_ne!(
+            a.normalized_arguments(),
+            call(r#"{"a": "t", "b": {}}"#).normalized_arguments()
+        );
+        assert_eq!(call("not json").normalized_arguments(), "not json");
     }
 
     #[test]

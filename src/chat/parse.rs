@@ -91,6 +91,17 @@ pub struct ParsedOutput {
     pub malformed_tool_calls: usize,
 }
 
+impl ParsedOutput {
+    /// The assistant message this output is (what the proxy returns and later sees echoed).
+    pub fn to_message(&self) -> super::message::Message {
+        super::message::Message {
+            reasoning: self.reasoning.clone(),
+            tool_calls: self.tool_calls.clone(),
+            ..super::message::Message::text(super::message::Role::Assistant, self.content.clone())
+        }
+    }
+}
+
 /// One piece of streamed output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamEvent {

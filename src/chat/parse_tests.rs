@@ -227,3 +227,68 @@ fn tool_call_arguments_keep_their_closing_brace_when_streamed() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].arguments, "{\"command\": \"ls\"}");
 }
+
+#[test]
+fn random_marker_soup_never_panics_and_streams_consistently() {
+    // Untrusted model output: any mix of markers and JSON/XML fragments must parse without panic.
+    const POOL: [&str; 24] = [
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "{",
+        "}",
+        "\"name\"",
+        ": ",
+        "\"f\"",
+        "\"arguments\"",
+        ", ",
+        "<function=f>",
+        "<parameter=a>",
+        "</parameter>",
+        "</function>",
+        "\n",
+        " ",
+        "é",
+        "x",
+        "<",
+        "</",
+        "[1]",
+        "<tool_",
+        "</thi",
+    ];
+    let mut seed = 11;
+    for round in 0..3000 {
+        let n = lcg(&mut seed) % 30;
+        let text: String = (0..n).map(|_| POOL[lcg(&mut seed) % POOL.len()]).collect();
+        let format = if round % 2 == 0 {
+            ToolCallFormat::Json
+        } else {
+            ToolCallFormat::Xml
+        };
+        let parser = StreamParser::new(format, ids(), round % 3 == 0);
+        let whole = parser.clone().parse_all(&text);
+        let splits = char_splits(&text);
+        let mut cuts: Vec<usize> = (0..lcg(&mut seed) % 6)
+            .map(|_| splits[lcg(&mut seed) % splits.len()])
+            .collect();
+        cuts.extend([0, text.len()]);
+        cuts.sort_unstable();
+        let chunks: Vec<&str> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+        assert_eq!(stream(&parser, &chunks), whole, "{chunks:?}");
+        // nothing is lost: every call either parsed or came back as text
+        let opened = text.matches("<tool_call>").count();
+        assert!(
+            whole.tool_calls.len() + whole.malformed_tool_calls <= opened,
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn parsed_output_becomes_the_assistant_message() {
+    let m = json_parser().parse_all(QWEN3_OUT).to_message();
+    assert_eq!(m.role, crate::chat::Role::Assistant);
+    assert_eq!((m.content.as_str(), m.tool_calls.len()), ("Let me look.", 2));
+    assert_eq!(m.reasoning.as_deref(), Some("The user wants a fix.\nLook first."));
+}
