@@ -157,7 +157,7 @@ pub struct Conversation {
 
 impl Conversation {
     /// The `messages` a Hugging Face chat template receives, in transformers' shape:
-    /// `{role, content, reasoning_content?, tool_calls?: [{id, type, function: {name, arguments}}],
+    /// `{thinking?, role, content, reasoning_content?, tool_calls?: [{id, type, function: {name, arguments}}],
     /// tool_call_id?, name?}`. Arguments that parse as a JSON object are passed as that object (key
     /// order kept), as vLLM does, so templates that iterate them (Qwen3-Coder) work; anything else
     /// is passed as the original string.
@@ -190,6 +190,10 @@ impl Conversation {
 
 fn template_message(m: &Message) -> Value {
     let mut o = Map::new();
+    // transformers 5 also passes reasoning as `thinking` (first key) for templates that read that.
+    if let Some(r) = &m.reasoning {
+        o.insert("thinking".into(), Value::String(r.clone()));
+    }
     o.insert("role".into(), Value::String(m.role.as_str().into()));
     o.insert("content".into(), Value::String(m.content.clone()));
     if let Some(r) = &m.reasoning {

@@ -18,6 +18,7 @@
 //!   tokens into reasoning, text and tool calls (Qwen3 JSON or Qwen3-Coder XML, chosen from the
 //!   template); tool-call ids are `call_<hash(trial, generation, call)>`. [`StreamParser`] does the
 //!   same incrementally and emits [`StreamEvent`]s; feeding all text at once gives the same result.
+//!   [`ChatFormat::output_stream`] wraps decoder + parser for token-by-token streaming.
 //! - [`ChatFormat::faithful_prompt`] builds request k+1's prompt from generation k's captured
 //!   prompt + output ids and a suffix derived from the template, or says why a new segment must
 //!   start ([`SpliceBreak`]).
@@ -168,6 +169,21 @@ impl ChatFormat {
         StreamParser::new(self.tool_format, ids, starts_in_reasoning)
     }
 
+    /// A token-level streaming parser: decodes ids incrementally (special tokens dropped) and
+    /// parses the text; its events add up to [`ChatFormat::parse_output`] of the same ids.
+    pub fn output_stream(
+        &self,
+        ids: ToolCallIds,
+        starts_in_reasoning: bool,
+        tools: &[ToolSpec],
+    ) -> OutputStream<'_> {
+        OutputStream {
+            format: self,
+            decoder: IncrementalDecoder::new(true),
+            parser: self.stream_parser(ids, starts_in_reasoning).with_tools(tools),
+        }
+    }
+
     /// Parse generated tokens (special tokens such as `<|im_end|>` are dropped first).
     /// `tools` lets Qwen3-Coder's XML parameters be typed by their JSON schema.
     pub fn parse_output(
@@ -185,8 +201,73 @@ impl ChatFormat {
     }
 }
 
+/// Generated tokens in, [`StreamEvent`]s out (see [`ChatFormat::output_stream`]).
+#[derive(Debug)]
+pub struct OutputStream<'a> {
+    format: &'a ChatFormat,
+    decoder: IncrementalDecoder,
+    parser: StreamParser,
+}
+
+impl OutputStream<'_> {
+    /// Add one generated token.
+    pub fn push(&mut self, id: u32) -> Result<Vec<StreamEvent>, ChatError> {
+        let text = self.decoder.push(self.format.tokenizer(), id)?;
+        Ok(if text.is_empty() {
+            Vec::new()
+        } else {
+            self.parser.push(&text)
+        })
+    }
+
+    /// End of generation: the remaining events.
+    pub fn finish(&mut self) -> Result<Vec<StreamEvent>, ChatError> {
+        let text = self.decoder.finish(self.format.tokenizer())?;
+        let mut events = self.parser.push(&text);
+        events.extend(self.parser.finish());
+        Ok(events)
+    }
+
+    /// The parser (malformed-call count, whether reasoning was seen).
+    pub fn parser(&self) -> &StreamParser {
+        &self.parser
+    }
+}
+
 /// Path of a file under the crate's `testdata/` (for tests).
 #[cfg(test)]
 pub(crate) fn testdata(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(rel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_stream_agrees_with_parse_output() {
+        let fmt = ChatFormat::from_model_dir(&testdata("tokenizer/qwen3")).unwrap();
+        let text = "<think>\nPlan: list, then read. 世界 😀\n</think>\n\nLooking.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la | grep '}'\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"read\", \"arguments\": {}}\n</tool_call><|im_end|>";
+        let ids = fmt.encode(text).unwrap();
+        let want = fmt
+            .parse_output(&ids, ToolCallIds::new("t", 2), false, &[])
+            .unwrap();
+        assert_eq!(want.tool_calls.len(), 2);
+        assert_eq!(
+            want.tool_calls[0].arguments,
+            r#"{"command": "ls -la | grep '}'"}"#
+        );
+        let mut stream = fmt.output_stream(ToolCallIds::new("t", 2), false, &[]);
+        let mut events = Vec::new();
+        for &id in &ids {
+            events.extend(stream.push(id).unwrap());
+        }
+        events.extend(stream.finish().unwrap());
+        let got = parse::collect(
+            events,
+            stream.parser().saw_reasoning(),
+            stream.parser().malformed_tool_calls(),
+        );
+        assert_eq!(got, want);
+    }
 }
