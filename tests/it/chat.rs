@@ -230,3 +230,143 @@ fn every_captured_harness_request_converts_and_renders() {
     assert!(tool_results >= 40, "{tool_results}");
     assert!(reasoning >= 15, "{reasoning}");
 }
+
+/// Faithful splicing over real harness threads: each request is spliced onto the latest earlier
+/// request whose conversation it extends, with the echoed assistant turn (given reasoning) as
+/// "generation k" (its output tokens = the template's own rendering of that turn), while the
+/// request keeps the harness's copy. Returns (spliced, breaks by kind).
+fn splice_real_thread(fmt: &ChatFormat, convs: &[Conversation]) -> (usize, BTreeMap<String, usize>) {
+    use lego_rl::chat::{PreviousGeneration, SpliceBreak};
+    let (mut ok, mut breaks) = (0, BTreeMap::new());
+    for k in 1..convs.len() {
+        let new = &convs[k];
+        let Some(j) = (0..k).rev().find(|&j| {
+            let n = convs[j].messages.len();
+            n < new.messages.len() && new.messages[n].role == Role::Assistant
+        }) else {
+            *breaks.entry("no earlier request".to_string()).or_default() += 1;
+            continue;
+        };
+        let prev_conv = &convs[j];
+        let opts = RenderOptions::generation(prev_conv.thinking);
+        // A thinking model's turn always carries reasoning; the scripted fixtures' turns often do not.
+        let mut assistant = new.messages[prev_conv.messages.len()].clone();
+        if assistant.reasoning.as_deref().is_none_or(str::is_empty) {
+            assistant.reasoning = Some("I should continue.".into());
+        }
+        let g = fmt.render(prev_conv, &opts).unwrap();
+        let mut with_turn = prev_conv.clone();
+        with_turn.messages.push(assistant.clone());
+        let p = fmt
+            .render(
+                &with_turn,
+                &RenderOptions {
+                    add_generation_prompt: false,
+                    ..opts.clone()
+                },
+            )
+            .unwrap();
+        let turn = p
+            .strip_prefix(g.as_str())
+            .expect("assistant turn extends the generation prompt");
+        let output = &turn[..turn.rfind("<|im_end|>").unwrap() + "<|im_end|>".len()];
+        let prompt_ids = fmt.prompt_ids(prev_conv, &opts).unwrap();
+        let output_ids = fmt.encode(output).unwrap();
+        let prev = PreviousGeneration {
+            conversation: prev_conv,
+            options: &opts,
+            prompt_ids: &prompt_ids,
+            output_ids: &output_ids,
+            assistant: &assistant,
+        };
+        match fmt.faithful_prompt(&prev, new, &opts) {
+            Ok(fp) => {
+                assert!(fp
+                    .prompt_ids
+                    .starts_with(&[prompt_ids.as_slice(), output_ids.as_slice()].concat()));
+                ok += 1;
+            }
+            Err(e) => {
+                let kind = match e {
+                    SpliceBreak::HistoryChanged { .. } => "history changed",
+                    SpliceBreak::NotAppendOnly { .. } => "not append-only",
+                    SpliceBreak::NotThePreviousGeneration { .. } => "not the previous generation",
+                    SpliceBreak::SettingsChanged => "settings changed",
+                    SpliceBreak::Chat(e) => panic!("{e:#}"),
+                };
+                *breaks.entry(kind.to_string()).or_default() += 1;
+            }
+        }
+    }
+    (ok, breaks)
+}
+
+#[test]
+fn faithful_splicing_on_real_harness_threads() {
+    let mut files = Vec::new();
+    request_files(&root().join("testdata/harness-traffic"), &mut files);
+    files.sort();
+    let qwen3 = format("qwen3");
+    let mut summary = BTreeMap::new();
+    for file in &files {
+        let convs: Vec<Conversation> = jsonl(file)
+            .iter()
+            .filter_map(|rec| {
+                let body = rec["body_raw"].as_str()?;
+                let path = rec["path"].as_str()?;
+                if path.starts_with("/v1/messages") {
+                    Some(
+                        MessagesRequest::from_json(body)
+                            .and_then(|r| r.to_conversation())
+                            .unwrap(),
+                    )
+                } else if path.starts_with("/v1/chat/completions") {
+                    Some(
+                        ChatCompletionRequest::from_json(body)
+                            .and_then(|r| r.to_conversation())
+                            .unwrap(),
+                    )
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let rel = file
+            .strip_prefix(root().join("testdata/harness-traffic"))
+            .unwrap()
+            .display()
+            .to_string();
+        summary.insert(rel, splice_real_thread(&qwen3, &convs));
+    }
+    let count = |pairs: &[(&str, usize)]| -> BTreeMap<String, usize> {
+        pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    };
+    // Tool-calling threads splice every turn; mini-swe-agent's text-based mode sends observations
+    // as user messages, after which Qwen3 drops earlier <think> blocks (a new segment each turn);
+    // title side requests and compaction (OpenCode auto-compact, OpenHands condenser) break.
+    let want: BTreeMap<String, (usize, BTreeMap<String, usize>)> = [
+        ("claude-code/requests.jsonl", 4, count(&[])),
+        ("mini-swe-agent/requests.jsonl", 4, count(&[])),
+        (
+            "mini-swe-agent/textbased/requests.jsonl",
+            0,
+            count(&[("not append-only", 4)]),
+        ),
+        (
+            "opencode/autocompact/requests.jsonl",
+            3,
+            count(&[("no earlier request", 2), ("settings changed", 1)]),
+        ),
+        ("opencode/requests.jsonl", 4, count(&[("no earlier request", 1)])),
+        (
+            "openhands-sdk/condenser/requests.jsonl",
+            3,
+            count(&[("no earlier request", 1), ("settings changed", 1)]),
+        ),
+        ("openhands-sdk/requests.jsonl", 4, count(&[])),
+    ]
+    .into_iter()
+    .map(|(f, ok, breaks)| (f.to_string(), (ok, breaks)))
+    .collect();
+    assert_eq!(summary, want);
+}
