@@ -156,6 +156,28 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// The conversation of a captured request body (`Generation.api` + `Generation.request`):
+    /// `api` is `openai` or `anthropic`.
+    pub fn from_api_request(api: &str, request: &Value) -> Result<Self, super::ChatError> {
+        match api {
+            "openai" => serde_json::from_value::<super::openai::ChatCompletionRequest>(request.clone())
+                .map_err(|source| super::ChatError::ParseRequest {
+                    api: "openai",
+                    source,
+                })?
+                .to_conversation(),
+            "anthropic" => serde_json::from_value::<super::anthropic::MessagesRequest>(request.clone())
+                .map_err(|source| super::ChatError::ParseRequest {
+                    api: "anthropic",
+                    source,
+                })?
+                .to_conversation(),
+            other => Err(super::ChatError::UnknownApi {
+                api: other.to_string(),
+            }),
+        }
+    }
+
     /// The `messages` a Hugging Face chat template receives, in transformers' shape:
     /// `{thinking?, role, content, reasoning_content?, tool_calls?: [{id, type, function: {name, arguments}}],
     /// tool_call_id?, name?}`. Arguments that parse as a JSON object are passed as that object (key
@@ -278,6 +300,28 @@ mod tests {
             call(r#"{"a": "t", "b": {}}"#).normalized_arguments()
         );
         assert_eq!(call("not json").normalized_arguments(), "not json");
+    }
+
+    #[test]
+    fn from_api_request_dispatches_on_api() {
+        let openai = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let anthropic = json!({"system": "s", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
+        assert_eq!(
+            Conversation::from_api_request("openai", &openai)
+                .unwrap()
+                .messages,
+            vec![Message::text(Role::User, "hi")]
+        );
+        let c = Conversation::from_api_request("anthropic", &anthropic).unwrap();
+        assert_eq!(
+            c.messages,
+            vec![Message::text(Role::System, "s"), Message::text(Role::User, "hi")]
+        );
+        let err = Conversation::from_api_request("gemini", &openai)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gemini"), "{err}");
+        assert!(Conversation::from_api_request("openai", &json!({"messages": 3})).is_err());
     }
 
     #[test]

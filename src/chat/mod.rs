@@ -6,7 +6,8 @@
 //!
 //! # API
 //! - Requests → [`Conversation`]: [`openai::ChatCompletionRequest::to_conversation`],
-//!   [`anthropic::MessagesRequest::to_conversation`] (wire types mirror the real JSON).
+//!   [`anthropic::MessagesRequest::to_conversation`] (wire types mirror the real JSON), or
+//!   [`Conversation::from_api_request`]`("openai" | "anthropic", &body)` for captured requests.
 //! - [`ChatFormat::from_model_dir`] loads `tokenizer.json`, `tokenizer_config.json` and the chat
 //!   template (`chat_template.jinja` preferred) of a Hugging Face model folder;
 //!   [`ChatFormat::from_parts`] takes the files separately (a template override, e.g. Qwen3-Coder).
@@ -65,6 +66,8 @@ pub enum ChatError {
         api: &'static str,
         source: serde_json::Error,
     },
+    #[error("unknown API `{api}` (expected openai or anthropic)")]
+    UnknownApi { api: String },
     #[error("messages[{index}]: unknown role `{role}`")]
     UnknownRole { index: usize, role: String },
 }
