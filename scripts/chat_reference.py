@@ -29,11 +29,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = {
     "qwen3": os.path.join(ROOT, "testdata/tokenizer/qwen3/chat_template.jinja"),
     "qwen3-coder": os.path.join(ROOT, "testdata/tokenizer/qwen3-coder/chat_template.jinja"),
+    "qwen3.5": os.path.join(ROOT, "testdata/tokenizer/qwen3.5/chat_template.jinja"),
 }
 # (add_generation_prompt, enable_thinking or None for "not passed")
 OPTIONS = {
     "qwen3": [(True, None), (True, False), (True, True), (False, None)],
     "qwen3-coder": [(True, None), (False, None)],
+    "qwen3.5": [(True, None), (True, False), (False, None)],
 }
 
 

@@ -58,8 +58,10 @@ fn rendering_matches_transformers_byte_for_byte() {
         .into_iter()
         .map(|c| (c["id"].as_str().unwrap().to_string(), c))
         .collect();
-    let formats: BTreeMap<&str, ChatFormat> =
-        [("qwen3", format("qwen3")), ("qwen3-coder", format("qwen3-coder"))].into();
+    let formats: BTreeMap<&str, ChatFormat> = ["qwen3", "qwen3-coder", "qwen3.5"]
+        .into_iter()
+        .map(|t| (t, format(t)))
+        .collect();
     let rows = jsonl(&root().join("testdata/chat/expected.jsonl"));
     let mut distinct = HashSet::new();
     let (mut with_tools, mut hashed) = (0, 0);
@@ -117,7 +119,7 @@ fn rendering_matches_transformers_byte_for_byte() {
         distinct.len()
     );
     assert!(
-        rows.len() >= 150 && hashed >= 60 && with_tools >= 80,
+        rows.len() >= 220 && hashed >= 100 && with_tools >= 80,
         "{} rows, {hashed} hashed, {with_tools} with tools",
         rows.len()
     );
