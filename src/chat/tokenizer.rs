@@ -70,9 +70,12 @@ impl ChatTokenizer {
 
     /// Token ids of `text`, no special tokens added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ChatError> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| ChatError::Tokenize {
-            message: e.to_string(),
-        })?;
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| ChatError::Tokenize {
+                message: e.to_string(),
+            })?;
         Ok(enc.get_ids().to_vec())
     }
 
