@@ -11,6 +11,8 @@ pub mod engine;
 pub mod env;
 pub mod harness;
 pub mod io;
+pub mod model;
 pub mod records;
+pub mod train;
 pub mod ui;
 pub mod validate;

@@ -10,3 +10,16 @@ pub fn lego() -> Command {
         .env_remove("RUST_LOG");
     cmd
 }
+
+/// The Python with transformers: `LEGO_RL_PYTHON`, else the checkout's `.venv` (scripts/setup.sh).
+pub fn python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("LEGO_RL_PYTHON") {
+        return p.into();
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}

@@ -5,3 +5,5 @@ mod cli;
 mod common;
 mod docs;
 mod io;
+mod model;
+mod train;

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Reference numbers from transformers for a Hugging Face checkpoint directory.
+
+Loads CKPT with transformers' own Qwen3 / Qwen3-MoE classes (float32, CPU, eager attention),
+runs each sequence of IDS_JSON (``{"sequences": [{"name", "input_ids"}]}``) and writes
+``next_token_logprobs[t] = log_softmax(logits[t])[ids[t+1]]`` and, for MoE models, the router's
+top-k expert ids per MoE layer and position (``topk_experts[layer][pos]``, descending
+probability) to OUT. Used by lego-rl's tests to prove that checkpoints lego-rl writes load in
+transformers and compute the same function, and by make_tiny_models.py.
+
+Usage: hf_reference.py CKPT IDS_JSON OUT
+"""
+import json
+import sys
+
+import torch
+import transformers
+
+
+def reference(ckpt, sequences):
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    cfg = model.config
+    moe = getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0)
+    captured = []
+    hooks = []
+    if moe:
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(gate, "top_k"):
+                hooks.append(gate.register_forward_hook(lambda _m, _i, out: captured.append(out[2].clone())))
+    out = []
+    for seq in sequences:
+        ids = torch.tensor([seq["input_ids"]], dtype=torch.long)
+        captured.clear()
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        lsm = torch.log_softmax(logits, dim=-1)
+        lp = lsm[:-1].gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
+        rec = {
+            "name": seq.get("name", ""),
+            "input_ids": seq["input_ids"],
+            "next_token_logprobs": lp.tolist(),
+        }
+        if moe:
+            rec["topk_experts"] = [c.tolist() for c in captured]
+        out.append(rec)
+    for h in hooks:
+        h.remove()
+    return {
+        "generated_by": "scripts/hf_reference.py",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "sequences": out,
+    }
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    ckpt, ids_json, out = sys.argv[1:]
+    with open(ids_json) as f:
+        sequences = json.load(f)["sequences"]
+    with open(out, "w") as f:
+        json.dump(reference(ckpt, sequences), f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+//! Dense building blocks of Qwen3, following transformers' `modeling_qwen3.py`: RMSNorm (computed
+//! in fp32), rotate-half RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP.
+//!
+//! Var paths equal the Hugging Face tensor names (`self_attn.q_proj.weight`, ...), so safetensors
+//! load and save with no renaming. Attention works on one packed row of tokens: several sequences
+//! may be concatenated (block-diagonal causal mask, positions restarting per sequence), and an
+//! optional [`KvCache`] lets an inference engine decode incrementally with the same code.
+
+use tch::{nn, Kind, Tensor};
+
+use super::Config;
+
+/// Standard deviation of transformers' default init (`initializer_range`).
+pub(crate) const INIT_STD: f64 = 0.02;
+
+/// A `[out, in]` weight initialised like transformers (normal, std 0.02).
+pub(crate) fn weight(p: &nn::Path, out: i64, inp: i64) -> Tensor {
+    p.randn("weight", &[out, inp], 0.0, INIT_STD)
+}
+
+/// `x @ w.T` for a `[out, in]` weight.
+pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Tensor {
+    x.matmul(&w.tr())
+}
+
+/// Root-mean-square norm with a learned scale; the statistics are computed in fp32 (as
+/// transformers does) and the result is cast back to the input dtype before scaling.
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Creates `<p>.weight` of size `dim`, initialised to ones.
+    pub fn new(p: &nn::Path, dim: i64, eps: f64) -> Self {
+        RmsNorm {
+            weight: p.ones("weight", &[dim]),
+            eps,
+        }
+    }
+
+    /// Normalises over the last dimension.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let normed = (xf * (var + self.eps).rsqrt()).to_kind(kind);
+        &self.weight * normed
+    }
+}
+
+/// RoPE tables for given positions: `(cos, sin)`, each `[T, head_dim]`, in `kind`.
+pub fn rope_tables(cfg: &Config, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+    let dev = positions.device();
+    let dim = cfg.head_dim;
+    let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, dev)).to_kind(Kind::Float) / dim as f64;
+    let inv_freq = Tensor::pow_scalar(cfg.rope_theta, &exponent).reciprocal();
+    let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq.unsqueeze(0);
+    let emb = Tensor::cat(&[&freqs, &freqs], -1);
+    (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size().last().copied().unwrap_or(0) / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&x2.neg(), &x1], -1)
+}
+
+/// Applies RoPE to `[heads, T, D]` with `[T, D]` tables.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    x * cos + rotate_half(x) * sin
+}
+
+/// Past keys and values of every layer, for incremental decoding of one sequence.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    /// Per layer `(k, v)`, each `[kv_heads, past, head_dim]` after RoPE.
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    /// An empty cache for `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        KvCache {
+            layers: (0..layers).map(|_| None).collect(),
+        }
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> i64 {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map(|(k, _)| k.size()[1])
+            .unwrap_or(0)
+    }
+
+    /// True when nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn layers_len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub(crate) fn slot(&mut self, i: usize) -> &mut Option<(Tensor, Tensor)> {
+        &mut self.layers[i]
+    }
+
+    /// Drops every position from `len` on (e.g. to roll back rejected draft tokens).
+    pub fn truncate(&mut self, len: i64) {
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.narrow(1, 0, len.min(k.size()[1]));
+            *v = v.narrow(1, 0, len.min(v.size()[1]));
+        }
+    }
+}
+
+/// How the tokens of one forward call may attend to each other.
+pub enum AttnMask<'a> {
+    /// One causal sequence (optionally continuing a cache).
+    Causal,
+    /// A block-diagonal causal `[T, T]` boolean mask (true = may attend), for packed sequences.
+    Packed(&'a Tensor),
+}
+
+/// Grouped-query self-attention with per-head RMSNorm on queries and keys.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: Tensor,
+    k_proj: Tensor,
+    v_proj: Tensor,
+    o_proj: Tensor,
+    q_bias: Option<Tensor>,
+    k_bias: Option<Tensor>,
+    v_bias: Option<Tensor>,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    /// Creates the vars under `<p>` (= `model.layers.N.self_attn`).
+    pub fn new(p: &nn::Path, cfg: &Config) -> Self {
+        let (h, kvh, d, hid) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.hidden_size,
+        );
+        let bias = |name: &str, n: i64| cfg.attention_bias.then(|| (p / name).zeros("bias", &[n]));
+        Attention {
+            q_proj: weight(&(p / "q_proj"), h * d, hid),
+            k_proj: weight(&(p / "k_proj"), kvh * d, hid),
+            v_proj: weight(&(p / "v_proj"), kvh * d, hid),
+            o_proj: weight(&(p / "o_proj"), hid, h * d),
+            q_bias: bias("q_proj", h * d),
+            k_bias: bias("k_proj", kvh * d),
+            v_bias: bias("v_proj", kvh * d),
+            q_norm: RmsNorm::new(&(p / "q_norm"), d, cfg.rms_norm_eps),
+            k_norm: RmsNorm::new(&(p / "k_norm"), d, cfg.rms_norm_eps),
+            heads: h,
+            kv_heads: kvh,
+            head_dim: d,
+        }
+    }
+
+    fn project(x: &Tensor, w: &Tensor, b: &Option<Tensor>) -> Tensor {
+        let y = linear(x, w);
+        match b {
+            Some(b) => y + b,
+            None => y,
+        }
+    }
+
+    /// `x`: `[T, hidden]` → `[T, hidden]`. `cache` is one layer's slot of a [`KvCache`].
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &AttnMask,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Tensor {
+        let t = x.size()[0];
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
+        let q = Self::project(x, &self.q_proj, &self.q_bias).view([t, h, d]);
+        let k = Self::project(x, &self.k_proj, &self.k_bias).view([t, kvh, d]);
+        let v = Self::project(x, &self.v_proj, &self.v_bias).view([t, kvh, d]);
+        let q = apply_rope(&self.q_norm.forward(&q).transpose(0, 1), cos, sin);
+        let mut k = apply_rope(&self.k_norm.forward(&k).transpose(0, 1), cos, sin);
+        let mut v = v.transpose(0, 1);
+        let mut past = 0;
+        if let Some(slot) = cache {
+            if let Some((pk, pv)) = slot.as_ref() {
+                past = pk.size()[1];
+                k = Tensor::cat(&[pk, &k], 1);
+                v = Tensor::cat(&[pv, &v], 1);
+            }
+            *slot = Some((k.shallow_clone(), v.shallow_clone()));
+        }
+        let rep = h / kvh;
+        let (k, v) = if rep > 1 {
+            (
+                k.repeat_interleave_self_int(rep, 0, None),
+                v.repeat_interleave_self_int(rep, 0, None),
+            )
+        } else {
+            (k, v)
+        };
+        let (q, k, v) = (q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
+        let scale = (d as f64).powf(-0.5);
+        let out = match mask {
+            AttnMask::Causal if past == 0 => {
+                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, scale, false)
+            }
+            AttnMask::Causal if t == 1 => {
+                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, false, scale, false)
+            }
+            AttnMask::Causal => {
+                // Continuing a cache: query i (absolute past+i) sees keys 0..=past+i.
+                let dev = x.device();
+                let qpos = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(1) + past;
+                let kpos = Tensor::arange(past + t, (Kind::Int64, dev)).unsqueeze(0);
+                let m = kpos.le_tensor(&qpos);
+                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, scale, false)
+            }
+            AttnMask::Packed(m) => {
+                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*m), 0.0, false, scale, false)
+            }
+        };
+        let out = out.squeeze_dim(0).transpose(0, 1).reshape([t, h * d]);
+        linear(&out, &self.o_proj)
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`. Also one MoE expert.
+#[derive(Debug)]
+pub struct Mlp {
+    gate_proj: Tensor,
+    up_proj: Tensor,
+    down_proj: Tensor,
+}
+
+impl Mlp {
+    /// Creates `<p>.{gate,up,down}_proj.weight`.
+    pub fn new(p: &nn::Path, hidden: i64, inter: i64) -> Self {
+        Mlp {
+            gate_proj: weight(&(p / "gate_proj"), inter, hidden),
+            up_proj: weight(&(p / "up_proj"), inter, hidden),
+            down_proj: weight(&(p / "down_proj"), hidden, inter),
+        }
+    }
+
+    /// `[N, hidden]` → `[N, hidden]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let g = linear(x, &self.gate_proj).silu();
+        linear(&(g * linear(x, &self.up_proj)), &self.down_proj)
+    }
+}

@@ -1,0 +1,57 @@
+//! Qwen3 and Qwen3-MoE in tch, loaded from and saved to Hugging Face checkpoints.
+//!
+//! - [`Config`]: `config.json` in both key layouts found in the wild.
+//! - [`CausalLm`]: the network; var names equal HF tensor names, so [`Model::load`] /
+//!   [`Model::save`] move safetensors in and out without renaming.
+//! - MoE forward returns the expert ids it used (`[T, moe_layers, k]`) and replays given ids (R3).
+//! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally.
+
+mod checkpoint;
+mod config;
+mod layers;
+mod moe;
+mod qwen3;
+
+use std::path::PathBuf;
+
+pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
+pub use config::Config;
+pub use layers::{AttnMask, KvCache};
+pub use moe::MoeRouting;
+pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput};
+
+/// Errors of loading, saving and configuring a model; each names the file and tensor involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {msg}")]
+    Config { path: PathBuf, msg: String },
+    #[error("{path}: invalid safetensors: {msg}")]
+    Safetensors { path: PathBuf, msg: String },
+    #[error("{dir}: checkpoint has no tensor `{name}` (needed by the model in config.json)")]
+    MissingTensor { dir: PathBuf, name: String },
+    #[error("{path}: tensor `{name}` has shape {got:?}, the config needs {want:?}")]
+    Shape {
+        path: PathBuf,
+        name: String,
+        got: Vec<i64>,
+        want: Vec<i64>,
+    },
+    #[error("{path}: tensor `{name}` has unsupported dtype {dtype}")]
+    DType { path: PathBuf, name: String, dtype: String },
+    #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
+    NoWeights { dir: PathBuf },
+    #[error("{0}")]
+    Torch(#[from] tch::TchError),
+}

@@ -1,0 +1,94 @@
+//! Qwen3-MoE sparse block (transformers' `Qwen3MoeSparseMoeBlock`) with routing capture and
+//! replay (R3, Ma et al. 2025).
+//!
+//! Router linear → softmax (fp32) → top-k → renormalise if `norm_topk_prob` → experts. Tokens are
+//! grouped by expert (argsort of the flattened `[T·k]` expert ids, one `index_select` and one
+//! SwiGLU over each expert's tokens, `index_add` back); experts that received no token are skipped.
+//!
+//! Replay: rows of `replay` with ids ≥ 0 use the recorded experts instead of the router's top-k,
+//! but the gate weights are still computed from the *current* router probabilities gathered at
+//! the replayed experts (renormalised when `norm_topk_prob`, i.e. softmax over the selected
+//! logits), so gradients reach the router. Rows with -1 (e.g. the last token when the engine
+//! returned T−1 rows) route normally.
+
+use tch::{nn, Kind, Tensor};
+
+use super::layers::{weight, Mlp};
+use super::Config;
+
+/// What one MoE layer did: the expert ids used and the router's own choice.
+#[derive(Debug)]
+pub struct MoeRouting {
+    /// `[T, k]` ids actually used (replayed where given).
+    pub used: Tensor,
+    /// `[T, k]` the router's own top-k under the current weights (descending probability).
+    pub own: Tensor,
+}
+
+/// Router plus experts of one layer (`model.layers.N.mlp`).
+#[derive(Debug)]
+pub struct SparseMoe {
+    gate: Tensor,
+    experts: Vec<Mlp>,
+    top_k: i64,
+    norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// Creates `<p>.gate.weight` and `<p>.experts.E.{gate,up,down}_proj.weight`.
+    pub fn new(p: &nn::Path, cfg: &Config) -> Self {
+        let ep = p / "experts";
+        SparseMoe {
+            gate: weight(&(p / "gate"), cfg.num_experts, cfg.hidden_size),
+            experts: (0..cfg.num_experts)
+                .map(|e| Mlp::new(&(&ep / e), cfg.hidden_size, cfg.moe_intermediate_size))
+                .collect(),
+            top_k: cfg.num_experts_per_tok,
+            norm_topk_prob: cfg.norm_topk_prob,
+        }
+    }
+
+    /// `x`: `[T, hidden]`; `replay`: optional `[T, k]` int64 ids (-1 rows route normally).
+    pub fn forward(&self, x: &Tensor, replay: Option<&Tensor>) -> (Tensor, MoeRouting) {
+        let logits = super::layers::linear(x, &self.gate);
+        let probs = logits.softmax(-1, Kind::Float);
+        let (_, own) = probs.topk(self.top_k, -1, true, true);
+        let used = match replay {
+            Some(r) => {
+                let has = r.narrow(1, 0, 1).ge(0);
+                r.where_self(&has, &own)
+            }
+            None => own.shallow_clone(),
+        };
+        let mut gates = probs.gather(1, &used, false);
+        if self.norm_topk_prob {
+            gates = &gates / gates.sum_dim_intlist(-1, true, Kind::Float);
+        }
+        let gates = gates.to_kind(x.kind());
+        let out = self.dispatch(x, &used, &gates);
+        (out, MoeRouting { used, own })
+    }
+
+    /// Grouped expert computation: `Σ_k gate[t,k] · expert_{ids[t,k]}(x[t])`.
+    fn dispatch(&self, x: &Tensor, ids: &Tensor, gates: &Tensor) -> Tensor {
+        let k = self.top_k;
+        let flat = ids.reshape([-1]);
+        let order = flat.argsort(0, false);
+        let counts = Vec::<i64>::try_from(flat.bincount(None::<Tensor>, self.experts.len() as i64))
+            .expect("invariant: bincount is a 1-d int64 tensor");
+        let token_of = order.floor_divide_scalar(k);
+        let gate_sorted = gates.reshape([-1]).index_select(0, &order);
+        let mut out = x.zeros_like();
+        let mut start = 0;
+        for (e, &n) in counts.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let tokens = token_of.narrow(0, start, n);
+            let y = self.experts[e].forward(&x.index_select(0, &tokens)) * gate_sorted.narrow(0, start, n).unsqueeze(-1);
+            out = out.index_add(0, &tokens, &y);
+            start += n;
+        }
+        out
+    }
+}

@@ -1,0 +1,178 @@
+//! `CausalLm`: Qwen3ForCausalLM and Qwen3MoeForCausalLM (transformers' `modeling_qwen3.py` and
+//! `modeling_qwen3_moe.py`) over one packed row of tokens.
+//!
+//! The forward takes token ids, their positions, how they attend ([`AttnMask`]), an optional
+//! routing to replay (`[T, moe_layers, k]`, -1 rows route normally) and an optional [`KvCache`];
+//! it returns the final-normed hidden states and, for MoE models, the routing it used and the
+//! router's own choice. Logits are computed separately ([`CausalLm::logits`]) so the trainer can
+//! project only the positions it needs through the 151936-wide head.
+
+use tch::{nn, Kind, Tensor};
+
+use super::layers::{rope_tables, AttnMask, Attention, KvCache, Mlp, RmsNorm, INIT_STD};
+use super::moe::SparseMoe;
+use super::Config;
+
+/// Dense MLP or routed experts.
+#[derive(Debug)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(SparseMoe),
+}
+
+/// One pre-norm decoder layer (`model.layers.N`).
+#[derive(Debug)]
+pub struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: FeedForward,
+}
+
+impl DecoderLayer {
+    /// Creates layer `i` under `<p>`.
+    pub fn new(p: &nn::Path, cfg: &Config, i: i64) -> Self {
+        let mlp = if cfg.is_moe_layer(i) {
+            FeedForward::Moe(SparseMoe::new(&(p / "mlp"), cfg))
+        } else {
+            FeedForward::Dense(Mlp::new(&(p / "mlp"), cfg.hidden_size, cfg.intermediate_size))
+        };
+        DecoderLayer {
+            input_layernorm: RmsNorm::new(&(p / "input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps),
+            self_attn: Attention::new(&(p / "self_attn"), cfg),
+            post_attention_layernorm: RmsNorm::new(&(p / "post_attention_layernorm"), cfg.hidden_size, cfg.rms_norm_eps),
+            mlp,
+        }
+    }
+}
+
+/// What a forward returns.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// `[T, hidden]` after the final norm.
+    pub hidden: Tensor,
+    /// MoE only: `[T, moe_layers, k]` expert ids used.
+    pub routing: Option<Tensor>,
+    /// MoE only: `[T, moe_layers, k]` the router's own top-k (equals `routing` without replay).
+    pub router_topk: Option<Tensor>,
+}
+
+/// Inputs of one forward over a packed row.
+pub struct ForwardInput<'a> {
+    /// `[T]` int64 token ids.
+    pub tokens: &'a Tensor,
+    /// `[T]` int64 RoPE positions.
+    pub positions: &'a Tensor,
+    pub mask: AttnMask<'a>,
+    /// `[T, moe_layers, k]` int64 expert ids to replay; rows of -1 route normally.
+    pub replay: Option<&'a Tensor>,
+}
+
+impl<'a> ForwardInput<'a> {
+    /// One causal sequence starting at position 0, no replay.
+    pub fn causal(tokens: &'a Tensor, positions: &'a Tensor) -> Self {
+        ForwardInput {
+            tokens,
+            positions,
+            mask: AttnMask::Causal,
+            replay: None,
+        }
+    }
+}
+
+/// A Qwen3 (dense or MoE) causal language model.
+#[derive(Debug)]
+pub struct CausalLm {
+    pub cfg: Config,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Option<Tensor>,
+}
+
+impl CausalLm {
+    /// Creates every var under `p` (the VarStore root), randomly initialised like transformers.
+    pub fn new(p: &nn::Path, cfg: &Config) -> Self {
+        let m = p / "model";
+        let embed_tokens = (&m / "embed_tokens").randn("weight", &[cfg.vocab_size, cfg.hidden_size], 0.0, INIT_STD);
+        let lp = &m / "layers";
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::new(&(&lp / i), cfg, i))
+            .collect();
+        let lm_head = (!cfg.tie_word_embeddings).then(|| super::layers::weight(&(p / "lm_head"), cfg.vocab_size, cfg.hidden_size));
+        CausalLm {
+            cfg: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm: RmsNorm::new(&(&m / "norm"), cfg.hidden_size, cfg.rms_norm_eps),
+            lm_head,
+        }
+    }
+
+    /// Number of MoE layers (the middle dimension of routing arrays).
+    pub fn moe_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| matches!(l.mlp, FeedForward::Moe(_)))
+            .count()
+    }
+
+    /// Runs the decoder; `cache` must only be used with [`AttnMask::Causal`].
+    pub fn forward(&self, input: &ForwardInput, mut cache: Option<&mut KvCache>) -> ForwardOutput {
+        let mut x = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
+        let (cos, sin) = rope_tables(&self.cfg, input.positions, x.kind());
+        if let Some(c) = cache.as_deref_mut() {
+            if c.layers_len() != self.layers.len() {
+                *c = KvCache::new(self.layers.len());
+            }
+        }
+        let mut used = Vec::new();
+        let mut own = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_deref_mut().map(|c| c.slot(i));
+            let h = layer.self_attn.forward(&layer.input_layernorm.forward(&x), &cos, &sin, &input.mask, slot);
+            x = x + h;
+            let hn = layer.post_attention_layernorm.forward(&x);
+            let h = match &layer.mlp {
+                FeedForward::Dense(mlp) => mlp.forward(&hn),
+                FeedForward::Moe(moe) => {
+                    let replay = input.replay.map(|r| r.select(1, used.len() as i64));
+                    let (out, routing) = moe.forward(&hn, replay.as_ref());
+                    used.push(routing.used);
+                    own.push(routing.own);
+                    out
+                }
+            };
+            x = x + h;
+        }
+        let hidden = self.norm.forward(&x);
+        let stack = |v: Vec<Tensor>| (!v.is_empty()).then(|| Tensor::stack(&v, 1));
+        ForwardOutput {
+            hidden,
+            routing: stack(used),
+            router_topk: stack(own),
+        }
+    }
+
+    /// Projects `[N, hidden]` hidden states to `[N, vocab]` logits (in the model dtype).
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        super::layers::linear(hidden, self.lm_head.as_ref().unwrap_or(&self.embed_tokens))
+    }
+
+    /// Log-prob of each next token: `out[t] = log_softmax(logits[t])[tokens[t+1]]` for the
+    /// selected positions `at` (`[N]` int64) whose next tokens are `next` (`[N]`), in fp32.
+    /// With `with_entropy`, also the entropy of each of those distributions.
+    pub fn next_token_logprobs(
+        &self,
+        hidden: &Tensor,
+        at: &Tensor,
+        next: &Tensor,
+        with_entropy: bool,
+    ) -> (Tensor, Option<Tensor>) {
+        let logits = self.logits(&hidden.index_select(0, at)).to_kind(Kind::Float);
+        let lsm = logits.log_softmax(-1, Kind::Float);
+        let lp = lsm.gather(1, &next.unsqueeze(1), false).squeeze_dim(1);
+        let entropy = with_entropy.then(|| -(lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float));
+        (lp, entropy)
+    }
+}

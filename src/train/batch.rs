@@ -1,0 +1,216 @@
+//! Turns `Sample` records into validated training sequences, trajectories and groups.
+//!
+//! Every check happens here, before any weight changes, and every error names the input file,
+//! the record (1-based) and the sample id: token ids beyond the vocabulary, a loss mask or
+//! rollout log-probs of the wrong length, a policy token at position 0, routing whose shape does
+//! not match the model (`[T or T−1, moe_layers, top_k]`) or names an expert that does not exist.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use crate::model::Config;
+use crate::records::Sample;
+
+use super::gspo::group_advantages;
+use super::TrainError;
+
+/// One packed-able training sequence.
+#[derive(Debug, Clone)]
+pub struct Seq {
+    /// Index of the trajectory in [`Batch::trajs`].
+    pub traj: usize,
+    pub tokens: Vec<i64>,
+    /// Positions whose *next* token is a policy token (t−1 for every loss-mask-1 t).
+    pub pred_at: Vec<i64>,
+    /// Rollout log-probs of those policy tokens.
+    pub rollout_lp: Vec<f32>,
+    /// `[rows, moe_layers, k]` recorded expert ids, rows = T or T−1.
+    pub routing: Option<(usize, Vec<i64>)>,
+}
+
+/// One trajectory (all its segments share s_i and A_i).
+#[derive(Debug, Clone)]
+pub struct Traj {
+    pub id: String,
+    pub group: u64,
+    pub reward: f64,
+    pub weight: f64,
+    pub policy_version: u64,
+    pub advantage: f64,
+    pub contributes: bool,
+    /// Policy tokens over all segments.
+    pub tokens: usize,
+}
+
+/// Sequences, trajectories and group statistics of one step's input.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub seqs: Vec<Seq>,
+    pub trajs: Vec<Traj>,
+    /// trajectory indices per group, groups in ascending id order.
+    pub groups: Vec<Vec<usize>>,
+    pub zero_variance_groups: usize,
+}
+
+fn bad(path: &Path, record: usize, id: &str, msg: String) -> TrainError {
+    TrainError::BadSample {
+        path: path.to_path_buf(),
+        record: record + 1,
+        id: id.to_string(),
+        msg,
+    }
+}
+
+impl Batch {
+    /// Validates `samples` (read from `path`) against the model and computes advantages.
+    pub fn new(samples: &[Sample], cfg: &Config, moe_layers: usize, path: &Path, adv_eps: f64) -> Result<Self, TrainError> {
+        if samples.is_empty() {
+            return Err(TrainError::NoSamples { path: path.to_path_buf() });
+        }
+        let mut batch = Batch::default();
+        let mut traj_index: HashMap<&str, usize> = HashMap::new();
+        for (r, s) in samples.iter().enumerate() {
+            let seq = to_seq(s, cfg, moe_layers, path, r)?;
+            let ti = *traj_index.entry(&s.trajectory_id).or_insert_with(|| {
+                batch.trajs.push(Traj {
+                    id: s.trajectory_id.clone(),
+                    group: s.group_id,
+                    reward: s.reward,
+                    weight: s.weight,
+                    policy_version: s.policy_version,
+                    advantage: 0.0,
+                    contributes: false,
+                    tokens: 0,
+                });
+                batch.trajs.len() - 1
+            });
+            let t = &mut batch.trajs[ti];
+            if t.group != s.group_id || t.reward != s.reward || t.weight != s.weight {
+                return Err(bad(
+                    path,
+                    r,
+                    &s.id,
+                    format!(
+                        "segment of trajectory `{}` disagrees with an earlier segment on group_id/reward/weight",
+                        s.trajectory_id
+                    ),
+                ));
+            }
+            t.tokens += seq.pred_at.len();
+            batch.seqs.push(Seq { traj: ti, ..seq });
+        }
+        let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, t) in batch.trajs.iter().enumerate() {
+            groups.entry(t.group).or_default().push(i);
+        }
+        for members in groups.into_values() {
+            let rewards: Vec<f64> = members.iter().map(|&i| batch.trajs[i].reward).collect();
+            let weights: Vec<f64> = members.iter().map(|&i| batch.trajs[i].weight).collect();
+            let (adv, zero) = group_advantages(&rewards, &weights, adv_eps);
+            batch.zero_variance_groups += zero as usize;
+            for (&i, (a, c)) in members.iter().zip(adv) {
+                batch.trajs[i].advantage = a;
+                batch.trajs[i].contributes = c;
+            }
+            batch.groups.push(members);
+        }
+        Ok(batch)
+    }
+}
+
+fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) -> Result<Seq, TrainError> {
+    let n = s.token_ids.len();
+    if n == 0 {
+        return Err(bad(path, r, &s.id, "token_ids is empty".into()));
+    }
+    if let Some((i, &tok)) = s.token_ids.iter().enumerate().find(|(_, &t)| t as i64 >= cfg.vocab_size) {
+        return Err(bad(
+            path,
+            r,
+            &s.id,
+            format!("token_ids[{i}] = {tok} is outside the model's vocabulary (vocab_size {})", cfg.vocab_size),
+        ));
+    }
+    if s.loss_mask.len() != n {
+        return Err(bad(
+            path,
+            r,
+            &s.id,
+            format!("loss_mask covers {} positions, token_ids has {n}", s.loss_mask.len()),
+        ));
+    }
+    let mask = s.loss_mask.to_dense();
+    if mask[0] {
+        return Err(bad(path, r, &s.id, "loss_mask marks position 0, which has no context to predict it from".into()));
+    }
+    let pred_at: Vec<i64> = (1..n).filter(|&t| mask[t]).map(|t| t as i64 - 1).collect();
+    let rollout_lp = s
+        .rollout_logprobs
+        .to_f32()
+        .map_err(|e| bad(path, r, &s.id, format!("rollout_logprobs: {e}")))?;
+    if rollout_lp.len() != pred_at.len() {
+        return Err(bad(
+            path,
+            r,
+            &s.id,
+            format!("rollout_logprobs has {} values, loss_mask has {} ones", rollout_lp.len(), pred_at.len()),
+        ));
+    }
+    let routing = match (&s.routing, moe_layers) {
+        (Some(p), l) if l > 0 => {
+            let k = cfg.num_experts_per_tok as usize;
+            let shape_ok = p.shape.len() == 3 && (p.shape[0] == n || p.shape[0] + 1 == n);
+            if !shape_ok || p.shape[1] != l || p.shape[2] != k {
+                return Err(bad(
+                    path,
+                    r,
+                    &s.id,
+                    format!(
+                        "routing has shape {:?}, the model needs [{n} or {}, {l}, {k}] ([tokens, moe_layers, top_k])",
+                        p.shape,
+                        n - 1
+                    ),
+                ));
+            }
+            let ids = p.to_u32().map_err(|e| bad(path, r, &s.id, format!("routing: {e}")))?;
+            if let Some(&e) = ids.iter().find(|&&e| e as i64 >= cfg.num_experts) {
+                return Err(bad(
+                    path,
+                    r,
+                    &s.id,
+                    format!("routing names expert {e}, the model has {}", cfg.num_experts),
+                ));
+            }
+            Some((p.shape[0], ids.into_iter().map(i64::from).collect()))
+        }
+        _ => None,
+    };
+    Ok(Seq {
+        traj: 0,
+        tokens: s.token_ids.iter().map(|&t| t as i64).collect(),
+        pred_at,
+        rollout_lp,
+        routing,
+    })
+}
+
+/// Splits sequence indices into micro-batches of at most `budget` tokens (a longer sequence goes
+/// alone), keeping input order.
+pub fn micro_batches(seqs: &[Seq], idx: &[usize], budget: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut used = 0;
+    for &i in idx {
+        let n = seqs[i].tokens.len();
+        match out.last_mut() {
+            Some(mb) if used + n <= budget => {
+                mb.push(i);
+                used += n;
+            }
+            _ => {
+                out.push(vec![i]);
+                used = n;
+            }
+        }
+    }
+    out
+}

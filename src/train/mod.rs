@@ -1,0 +1,44 @@
+//! GSPO training with MoE routing replay: one `train-step` = read samples, recompute π_old with
+//! the recorded routing, apply the GSPO (or GSPO-token / SFT) update with gradient accumulation
+//! over token-budget micro-batches, and write the next checkpoint with its optimizer state.
+//!
+//! - [`gspo`]: the objective and group-relative advantages (pure math, hand-checked).
+//! - [`batch`]: sample validation, trajectories, groups, micro-batching.
+//! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
+//! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
+
+pub mod batch;
+pub mod gspo;
+mod metrics;
+pub mod optim;
+pub mod trainer;
+
+use std::path::PathBuf;
+
+pub use gspo::LossKind;
+pub use optim::{AdamWConfig, Schedule};
+pub use trainer::{CheckpointInfo, Settings, Trainer};
+
+/// Errors of a training step; each names the file, record or tensor involved.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("{path}: record {record} (sample `{id}`): {msg}")]
+    BadSample {
+        path: PathBuf,
+        record: usize,
+        id: String,
+        msg: String,
+    },
+    #[error("{path}: no samples")]
+    NoSamples { path: PathBuf },
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("{path}: optimizer state: {msg}")]
+    OptimizerState { path: PathBuf, msg: String },
+    #[error("{path}: {msg}")]
+    Output { path: PathBuf, msg: String },
+    #[error("non-finite {what} ({value}); no update written")]
+    NonFinite { what: &'static str, value: f64 },
+    #[error("{0}")]
+    Torch(#[from] tch::TchError),
+}

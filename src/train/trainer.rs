@@ -1,0 +1,480 @@
+//! `Trainer`: one GSPO step over a batch of samples on a loaded checkpoint.
+//!
+//! Order of work: validate every sample ([`Batch::new`]) → pass 1 without gradients recomputes
+//! π_old with the recorded routing replayed (trainer-side recomputation; also entropy, expert
+//! overlap and rollout-vs-trainer agreement) → for each of `updates` mini-batches of whole groups:
+//! current log-probs (pass 1 for the first), the objective's per-trajectory coefficients, then
+//! micro-batches of at most `micro_batch_tokens` tokens backpropagate Σ c_t·log π_θ(t) into the
+//! accumulated gradient → grad-norm clip → AdamW. Sequences of a micro-batch are packed into one
+//! row with a block-diagonal causal mask.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::model::{AttnMask, ForwardInput, Model};
+use crate::records::{Record, Sample, StepMetrics};
+
+use super::batch::{micro_batches, Batch, Seq};
+use super::gspo::{coefficients, LossKind, TrajTerm};
+use super::metrics::{mean_std, median, pearson};
+use super::optim::{AdamW, AdamWConfig};
+use super::TrainError;
+
+/// Resolved options of one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub loss: LossKind,
+    pub eps_low: f64,
+    pub eps_high: f64,
+    /// Optimizer updates per step (the batch is split into this many mini-batches of groups).
+    pub updates: usize,
+    /// Token budget of one packed micro-batch.
+    pub micro_batch_tokens: usize,
+    pub max_grad_norm: f64,
+    /// Truncated importance-sampling cap on π_old/π_rollout per token (None = off).
+    pub tis_cap: Option<f64>,
+    /// ε in A = (r − mean)/(std + ε).
+    pub adv_eps: f64,
+    pub optim: AdamWConfig,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            loss: LossKind::Gspo,
+            eps_low: 3e-4,
+            eps_high: 4e-4,
+            updates: 1,
+            micro_batch_tokens: 8192,
+            max_grad_norm: 1.0,
+            tis_cap: None,
+            adv_eps: 1e-6,
+            optim: AdamWConfig::default(),
+        }
+    }
+}
+
+/// `lego-rl.json` in a checkpoint written by train-step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct CheckpointInfo {
+    /// Policy version of this checkpoint (= train steps since the base model).
+    pub policy_version: u64,
+    /// Optimizer updates applied so far.
+    pub optimizer_steps: u64,
+    /// Checkpoint this one was trained from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_checkpoint: Option<PathBuf>,
+    /// Samples consumed over all steps.
+    pub samples_consumed: u64,
+    /// Samples of the step that produced this checkpoint.
+    pub samples_this_step: u64,
+}
+
+const INFO_FILE: &str = "lego-rl.json";
+
+/// A model with its optimizer state, ready to take steps.
+#[derive(Debug)]
+pub struct Trainer {
+    pub model: Model,
+    pub opt: AdamW,
+    pub info: CheckpointInfo,
+    source: Option<PathBuf>,
+}
+
+/// Per-micro-batch results of a forward.
+struct MbOut {
+    /// Log-probs of the policy tokens, sequences in micro-batch order.
+    lp: Tensor,
+    entropy: Option<Tensor>,
+    /// (equal (token, layer) sets, compared sets) between the router's own top-k and the record.
+    overlap: (i64, i64),
+}
+
+impl Trainer {
+    /// Wraps a model (e.g. random, for tests) with a fresh optimizer.
+    pub fn new(model: Model) -> Self {
+        Trainer {
+            model,
+            opt: AdamW::default(),
+            info: CheckpointInfo::default(),
+            source: None,
+        }
+    }
+
+    /// Loads a checkpoint and, when present, its optimizer state and `lego-rl.json`.
+    pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, TrainError> {
+        let model = Model::load(dir, device, kind)?;
+        let opt = AdamW::load(dir, device)?;
+        let info_path = dir.join(INFO_FILE);
+        let info = if info_path.is_file() {
+            let text = std::fs::read_to_string(&info_path).map_err(|e| TrainError::OptimizerState {
+                path: info_path.clone(),
+                msg: e.to_string(),
+            })?;
+            serde_json::from_str(&text).map_err(|e| TrainError::OptimizerState {
+                path: info_path.clone(),
+                msg: e.to_string(),
+            })?
+        } else {
+            CheckpointInfo::default()
+        };
+        Ok(Trainer {
+            model,
+            opt,
+            info,
+            source: Some(dir.to_path_buf()),
+        })
+    }
+
+    /// Writes the checkpoint, optimizer state and `lego-rl.json` into existing directory `dir`.
+    pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        self.model.save(dir)?;
+        self.opt.save(dir)?;
+        let path = dir.join(INFO_FILE);
+        let text = serde_json::to_string_pretty(&self.info).expect("invariant: info serializes");
+        std::fs::write(&path, text + "\n").map_err(|e| TrainError::Output {
+            path,
+            msg: e.to_string(),
+        })
+    }
+
+    /// Saves into a temp dir beside `out`, then renames it to `out`: a failure leaves nothing
+    /// under `out`. `out` must not exist or be an empty directory.
+    pub fn save_atomic(&self, out: &Path) -> Result<(), TrainError> {
+        let fail = |msg: String| TrainError::Output {
+            path: out.to_path_buf(),
+            msg,
+        };
+        check_out(out)?;
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent).map_err(|e| fail(format!("cannot create parent: {e}")))?;
+        let tmp = tempfile::Builder::new()
+            .prefix(".lego-rl-ckpt-")
+            .tempdir_in(&parent)
+            .map_err(|e| fail(format!("cannot create temp dir: {e}")))?;
+        self.save(tmp.path())?;
+        if out.is_dir() {
+            std::fs::remove_dir(out).map_err(|e| fail(e.to_string()))?;
+        }
+        let tmp = tmp.keep();
+        std::fs::rename(&tmp, out).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&tmp);
+            fail(format!("cannot rename into place: {e}"))
+        })
+    }
+
+    /// Forward of one micro-batch (sequences packed into one row).
+    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool) -> MbOut {
+        let dev = self.model.device();
+        let moe_l = self.model.lm.moe_layers() as i64;
+        let k = self.model.cfg().num_experts_per_tok;
+        let total: usize = mb.iter().map(|&i| batch.seqs[i].tokens.len()).sum();
+        let mut tokens = Vec::with_capacity(total);
+        let mut positions = Vec::with_capacity(total);
+        let mut segment = Vec::with_capacity(total);
+        let mut at = Vec::new();
+        let mut replay = if moe_l > 0 {
+            vec![-1i64; total * (moe_l * k) as usize]
+        } else {
+            Vec::new()
+        };
+        let mut recorded_rows = Vec::new();
+        for (j, &i) in mb.iter().enumerate() {
+            let s: &Seq = &batch.seqs[i];
+            let off = tokens.len();
+            tokens.extend_from_slice(&s.tokens);
+            positions.extend(0..s.tokens.len() as i64);
+            segment.extend(std::iter::repeat_n(j as i64, s.tokens.len()));
+            at.extend(s.pred_at.iter().map(|&p| p + off as i64));
+            if let Some((rows, ids)) = &s.routing {
+                let w = (moe_l * k) as usize;
+                replay[off * w..(off + rows) * w].copy_from_slice(ids);
+                recorded_rows.push((off as i64, *rows as i64));
+            }
+        }
+        let tokens = Tensor::from_slice(&tokens).to_device(dev);
+        let positions = Tensor::from_slice(&positions).to_device(dev);
+        let at_t = Tensor::from_slice(&at).to_device(dev);
+        let next = tokens.index_select(0, &(&at_t + 1));
+        let mask = (mb.len() > 1).then(|| {
+            let seg = Tensor::from_slice(&segment).to_device(dev);
+            let idx = Tensor::arange(total as i64, (Kind::Int64, dev));
+            seg.unsqueeze(1)
+                .eq_tensor(&seg.unsqueeze(0))
+                .logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)))
+        });
+        let replay_t = (moe_l > 0).then(|| Tensor::from_slice(&replay).to_device(dev).view([total as i64, moe_l, k]));
+        let out = self.model.lm.forward(
+            &ForwardInput {
+                tokens: &tokens,
+                positions: &positions,
+                mask: mask.as_ref().map_or(AttnMask::Causal, AttnMask::Packed),
+                replay: replay_t.as_ref(),
+            },
+            None,
+        );
+        let (lp, entropy) = self.model.lm.next_token_logprobs(&out.hidden, &at_t, &next, extras);
+        let mut overlap = (0, 0);
+        if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &replay_t) {
+            for (off, rows) in recorded_rows {
+                let (a, _) = own.narrow(0, off, rows).sort(-1, false);
+                let (b, _) = rec.narrow(0, off, rows).sort(-1, false);
+                let eq = a.eq_tensor(&b).all_dim(-1, false);
+                overlap.0 += eq.sum(Kind::Int64).int64_value(&[]);
+                overlap.1 += eq.numel() as i64;
+            }
+        }
+        MbOut { lp, entropy, overlap }
+    }
+
+    /// Per-sequence log-probs of the policy tokens without gradients (plus extras on request).
+    fn score(&self, batch: &Batch, idx: &[usize], budget: usize, extras: bool) -> (Vec<Vec<f64>>, Vec<f64>, (i64, i64)) {
+        let _g = tch::no_grad_guard();
+        let mut per_seq = vec![Vec::new(); batch.seqs.len()];
+        let mut entropy = Vec::new();
+        let mut overlap = (0, 0);
+        for mb in micro_batches(&batch.seqs, idx, budget) {
+            let out = self.forward(batch, &mb, extras);
+            let lp = Vec::<f64>::try_from(out.lp.to_kind(Kind::Double)).expect("invariant: 1-d f64");
+            if let Some(e) = out.entropy {
+                entropy.extend(Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64"));
+            }
+            overlap.0 += out.overlap.0;
+            overlap.1 += out.overlap.1;
+            let mut o = 0;
+            for &i in &mb {
+                let n = batch.seqs[i].pred_at.len();
+                per_seq[i] = lp[o..o + n].to_vec();
+                o += n;
+            }
+        }
+        (per_seq, entropy, overlap)
+    }
+
+    /// Runs one training step on `samples` (read from `path`, for error messages).
+    pub fn step(&mut self, samples: &[Sample], path: &Path, s: &Settings) -> Result<StepMetrics, TrainError> {
+        let started = Instant::now();
+        let cfg = self.model.cfg().clone();
+        let batch = Batch::new(samples, &cfg, self.model.lm.moe_layers(), path, s.adv_eps)?;
+        let all: Vec<usize> = (0..batch.seqs.len()).collect();
+        let budget = s.micro_batch_tokens.max(1);
+        // Pass 1: π_old with replayed routing, plus diagnostics.
+        let (old, entropy, overlap) = self.score(&batch, &all, budget, true);
+        let params = self.model.named_variables();
+        let n_groups = batch.groups.len();
+        let updates = s.updates.clamp(1, n_groups.max(1));
+        let per_update = n_groups.div_ceil(updates);
+        let (mut losses, mut ratios, mut clipped, mut grad_norms, mut lr_used) = (Vec::new(), Vec::new(), 0usize, Vec::new(), None);
+        for (u, chunk) in batch.groups.chunks(per_update).enumerate() {
+            let in_chunk: Vec<bool> = {
+                let mut v = vec![false; batch.trajs.len()];
+                chunk.iter().flatten().for_each(|&t| v[t] = true);
+                v
+            };
+            let idx: Vec<usize> = all.iter().copied().filter(|&i| in_chunk[batch.seqs[i].traj]).collect();
+            let cur = if u == 0 { old.clone() } else { self.score(&batch, &idx, budget, false).0 };
+            let mut terms: Vec<TrajTerm> = batch
+                .trajs
+                .iter()
+                .map(|t| TrajTerm {
+                    advantage: t.advantage,
+                    weight: t.weight,
+                    contributes: false,
+                    tokens: t.tokens,
+                    logratio_sum: 0.0,
+                    logprob_sum: 0.0,
+                })
+                .collect();
+            for (ti, t) in batch.trajs.iter().enumerate() {
+                terms[ti].contributes = t.contributes && in_chunk[ti];
+                if !in_chunk[ti] {
+                    terms[ti].weight = 0.0;
+                }
+            }
+            for &i in &idx {
+                let q = &mut terms[batch.seqs[i].traj];
+                q.logratio_sum += cur[i].iter().zip(&old[i]).map(|(c, o)| c - o).sum::<f64>();
+                q.logprob_sum += cur[i].iter().sum::<f64>();
+            }
+            let obj = coefficients(s.loss, &terms, s.eps_low, s.eps_high);
+            if !obj.loss.is_finite() {
+                return Err(TrainError::NonFinite { what: "loss", value: obj.loss });
+            }
+            losses.push(obj.loss);
+            for (ti, q) in terms.iter().enumerate() {
+                if q.contributes {
+                    ratios.push(obj.ratio[ti]);
+                    clipped += obj.clipped[ti] as usize;
+                }
+            }
+            if obj.coef.iter().all(|&c| c == 0.0) {
+                tracing::warn!("update {u}: no trajectory carries a learning signal (all groups degenerate); skipped");
+                continue;
+            }
+            for (_, p) in &params {
+                let mut p = p.shallow_clone();
+                p.zero_grad();
+            }
+            for mb in micro_batches(&batch.seqs, &idx, budget) {
+                let mut coef = Vec::new();
+                for &i in &mb {
+                    let seq = &batch.seqs[i];
+                    let c = obj.coef[seq.traj];
+                    for (j, &o) in old[i].iter().enumerate() {
+                        let tis = s.tis_cap.map_or(1.0, |cap| (o - seq.rollout_lp[j] as f64).exp().min(cap));
+                        coef.push(c * tis);
+                    }
+                }
+                if coef.iter().all(|&c| c == 0.0) {
+                    continue;
+                }
+                let out = self.forward(&batch, &mb, false);
+                let coef = Tensor::from_slice(&coef).to_device(out.lp.device()).to_kind(Kind::Float);
+                (out.lp * coef).sum(Kind::Float).backward();
+            }
+            let norm = grad_norm(&params);
+            if !norm.is_finite() {
+                return Err(TrainError::NonFinite { what: "gradient norm", value: norm });
+            }
+            grad_norms.push(norm);
+            if s.max_grad_norm > 0.0 && norm > s.max_grad_norm {
+                let scale = s.max_grad_norm / (norm + 1e-6);
+                let _g = tch::no_grad_guard();
+                for (_, p) in &params {
+                    let mut g = p.grad();
+                    if g.defined() {
+                        let _ = g.g_mul_scalar_(scale);
+                    }
+                }
+            }
+            lr_used = Some(self.opt.step(&s.optim, &params));
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        Ok(self.finish_metrics(samples, &batch, &old, &entropy, overlap, Finished {
+            losses,
+            ratios,
+            clipped,
+            grad_norms,
+            lr: lr_used.unwrap_or_else(|| s.optim.lr_at(self.opt.steps)),
+            elapsed,
+        }))
+    }
+
+    fn finish_metrics(
+        &mut self,
+        samples: &[Sample],
+        batch: &Batch,
+        old: &[Vec<f64>],
+        entropy: &[f64],
+        overlap: (i64, i64),
+        f: Finished,
+    ) -> StepMetrics {
+        let prev = self.info.policy_version;
+        self.info = CheckpointInfo {
+            policy_version: prev + 1,
+            optimizer_steps: self.opt.steps,
+            parent_checkpoint: self.source.clone(),
+            samples_consumed: self.info.samples_consumed + samples.len() as u64,
+            samples_this_step: samples.len() as u64,
+        };
+        let valid: Vec<&super::batch::Traj> = batch.trajs.iter().filter(|t| t.weight > 0.0).collect();
+        let rewards: Vec<f64> = valid.iter().map(|t| t.reward).collect();
+        let (mut ro, mut tr, mut seq_r) = (Vec::new(), Vec::new(), Vec::new());
+        for (seq, lp) in batch.seqs.iter().zip(old) {
+            let r: Vec<f64> = seq.rollout_lp.iter().map(|&x| x as f64).collect();
+            if let Some(p) = pearson(&r, lp) {
+                seq_r.push(p);
+            }
+            ro.extend(r);
+            tr.extend_from_slice(lp);
+        }
+        let max_abs = ro.iter().zip(&tr).map(|(a, b)| (a - b).abs()).fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
+        let kl = (!ro.is_empty()).then(|| {
+            ro.iter()
+                .zip(&tr)
+                .map(|(r, t)| {
+                    let lr = t - r;
+                    lr.exp() - 1.0 - lr
+                })
+                .sum::<f64>()
+                / ro.len() as f64
+        });
+        let staleness: Vec<u64> = batch.trajs.iter().map(|t| prev.saturating_sub(t.policy_version)).collect();
+        let total_tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
+        let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let (rm, rs) = mean_std(&rewards).unzip();
+        StepMetrics {
+            schema: StepMetrics::SCHEMA.to_string(),
+            step: prev + 1,
+            loss: mean(&f.losses).unwrap_or(0.0),
+            lr: f.lr,
+            ratio_mean: mean(&f.ratios),
+            ratio_min: f.ratios.iter().copied().reduce(f64::min),
+            ratio_max: f.ratios.iter().copied().reduce(f64::max),
+            clip_fraction: (!f.ratios.is_empty()).then(|| f.clipped as f64 / f.ratios.len() as f64),
+            grad_norm: f.grad_norms.iter().copied().reduce(f64::max),
+            entropy: mean(entropy),
+            reward_mean: rm,
+            reward_std: rs,
+            zero_variance_group_fraction: (!batch.groups.is_empty())
+                .then(|| batch.zero_variance_groups as f64 / batch.groups.len() as f64),
+            groups: batch.groups.len() as u64,
+            valid_trajectories: valid.len() as u64,
+            infra_failed_trajectories: (batch.trajs.len() - valid.len()) as u64,
+            samples: samples.len() as u64,
+            policy_tokens: ro.len() as u64,
+            tokens_per_second: (f.elapsed > 0.0).then(|| total_tokens as f64 / f.elapsed),
+            logprob_pearson: pearson(&ro, &tr),
+            logprob_pearson_seq_median: median(seq_r),
+            logprob_max_abs_diff: max_abs,
+            logprob_kl: kl,
+            expert_overlap: (overlap.1 > 0).then(|| overlap.0 as f64 / overlap.1 as f64),
+            staleness_mean: mean(&staleness.iter().map(|&x| x as f64).collect::<Vec<_>>()),
+            staleness_max: staleness.iter().copied().max(),
+            seconds: Some(f.elapsed),
+            extra: Default::default(),
+        }
+    }
+}
+
+/// Results of the update loop that go into the metrics.
+struct Finished {
+    losses: Vec<f64>,
+    ratios: Vec<f64>,
+    clipped: usize,
+    grad_norms: Vec<f64>,
+    lr: f64,
+    elapsed: f64,
+}
+
+fn grad_norm(params: &[(String, Tensor)]) -> f64 {
+    let _g = tch::no_grad_guard();
+    let mut sq = 0.0;
+    for (_, p) in params {
+        let g = p.grad();
+        if g.defined() {
+            sq += g.to_kind(Kind::Double).pow_tensor_scalar(2).sum(Kind::Double).double_value(&[]);
+        }
+    }
+    sq.sqrt()
+}
+
+/// Refuses an `--out` that already holds files (nothing is overwritten).
+pub fn check_out(out: &Path) -> Result<(), TrainError> {
+    if out.exists() {
+        let empty = out.is_dir() && std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !empty {
+            return Err(TrainError::Output {
+                path: out.to_path_buf(),
+                msg: "already exists and is not an empty directory; refusing to overwrite".into(),
+            });
+        }
+    }
+    Ok(())
+}
