@@ -6,4 +6,5 @@ mod common;
 mod docs;
 mod io;
 mod model;
+mod proxy;
 mod train;
