@@ -12,6 +12,7 @@ pub mod env;
 pub mod harness;
 pub mod io;
 pub mod model;
+pub mod proxy;
 pub mod records;
 pub mod tasks;
 pub mod grade;

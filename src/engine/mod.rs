@@ -6,6 +6,7 @@
 //! Backends: `vllm` ([`vllm::VllmBackend`]) and `sglang` ([`sglang::SglangBackend`]) over HTTP;
 //! the embedded tch engine lives beside the model code.
 
+pub mod embedded;
 pub mod npy;
 pub mod sglang;
 pub mod vllm;
@@ -23,6 +24,10 @@ pub struct GenerateRequest {
     pub stop_token_ids: Vec<u32>,
     /// Ask for MoE routing (ignored by dense models).
     pub return_routing: bool,
+    /// Force this continuation instead of sampling (embedded engine only): the model still
+    /// computes the true log-probs and routing of the forced tokens. Lets tests drive real
+    /// harnesses through deterministic multi-turn episodes.
+    pub forced_output: Option<Vec<u32>>,
 }
 
 /// MoE routing of a generation: expert ids `[tokens, layers, top_k]`, row-major, covering
@@ -102,6 +107,10 @@ pub enum EngineError {
         url: String,
         msg: String,
     },
+    #[error("{backend}: {msg}")]
+    Failed { backend: &'static str, msg: String },
+    #[error("prompt of {prompt} tokens does not fit the context of {context} tokens")]
+    ContextLength { prompt: usize, context: usize },
     #[error("{backend}: weight reload is not supported: {msg}")]
     ReloadUnsupported { backend: &'static str, msg: String },
 }

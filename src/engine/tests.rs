@@ -98,6 +98,7 @@ fn request(prompt: Vec<u32>) -> GenerateRequest {
         },
         stop_token_ids: vec![151645],
         return_routing: true,
+        forced_output: None,
     }
 }
 

@@ -11,4 +11,5 @@ mod report;
 mod synth;
 mod validate;
 mod model;
+mod proxy;
 mod train;

@@ -1,0 +1,281 @@
+//! The embedded engine: the tch Qwen3 / Qwen3-MoE model of [`crate::model`] serving
+//! token-level generations with a KV cache, seeded sampling (temperature, top-k, top-p, stop
+//! ids, max tokens), the log-prob of every output token and the routing of every forwarded
+//! position.
+//!
+//! One worker thread owns the model. Requests queue on a channel; the worker keeps every active
+//! sequence with its own KV cache and advances them one decode step each in turn, so a long
+//! generation does not hold the engine for others (interleaving, not yet batched matmuls).
+//! Log-probs are of the model's own distribution (temperature 1), the quantity the trainer
+//! recomputes; the sampling distribution applies temperature / top-k / top-p on top.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rand::{Rng, SeedableRng};
+use tch::{Device, Kind, Tensor};
+
+use super::{Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape};
+use crate::model::{ForwardInput, KvCache, Model};
+
+const NAME: &str = "embedded";
+
+type Reply = tokio::sync::oneshot::Sender<Result<GenerateOutput, EngineError>>;
+
+enum Msg {
+    Generate(GenerateRequest, Reply),
+    Reload(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>),
+}
+
+/// The embedded engine (see the module docs).
+pub struct EmbeddedBackend {
+    tx: mpsc::Sender<Msg>,
+    dir: PathBuf,
+    shape: Option<RoutingShape>,
+    context: usize,
+}
+
+impl EmbeddedBackend {
+    /// Loads the checkpoint in `dir` on `device` and starts the worker.
+    pub fn start(dir: &Path, device: Device) -> Result<Self, EngineError> {
+        let failed = |msg: String| EngineError::Failed { backend: NAME, msg };
+        let model = Model::load(dir, device, None).map_err(|e| failed(e.to_string()))?;
+        let moe = model.lm.moe_layers();
+        let shape = (moe > 0).then(|| RoutingShape {
+            layers: moe,
+            top_k: model.lm.cfg.num_experts_per_tok.max(1) as usize,
+        });
+        let context = model.lm.cfg.max_position_embeddings as usize;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("lego-rl-engine".into())
+            .spawn(move || worker(model, rx))
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(EmbeddedBackend { tx, dir: dir.to_path_buf(), shape, context })
+    }
+
+    /// The routing shape of the loaded model (None for dense models).
+    pub fn routing_shape(&self) -> Option<RoutingShape> {
+        self.shape
+    }
+}
+
+impl Backend for EmbeddedBackend {
+    fn id(&self) -> String {
+        format!("embedded:{}", self.dir.display())
+    }
+
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
+        async move {
+            if req.prompt_ids.len() >= self.context {
+                return Err(EngineError::ContextLength { prompt: req.prompt_ids.len(), context: self.context });
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.tx
+                .send(Msg::Generate(req, tx))
+                .map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker stopped".into() })?;
+            rx.await.map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker dropped the request".into() })?
+        }
+        .boxed()
+    }
+
+    fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<(), EngineError>> {
+        let dir = checkpoint_dir.to_path_buf();
+        async move {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.tx
+                .send(Msg::Reload(dir, tx))
+                .map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker stopped".into() })?;
+            rx.await.map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker dropped the reload".into() })?
+        }
+        .boxed()
+    }
+}
+
+/// One sequence being generated.
+struct Seq {
+    req: GenerateRequest,
+    reply: Reply,
+    cache: KvCache,
+    /// Next token to forward (None before prefill).
+    pending: Option<u32>,
+    output: Vec<u32>,
+    logprobs: Vec<f32>,
+    routing: Vec<Tensor>,
+    rng: rand::rngs::StdRng,
+    start: Instant,
+    finish: Option<FinishReason>,
+}
+
+fn worker(mut model: Model, rx: mpsc::Receiver<Msg>) {
+    let _guard = tch::no_grad_guard();
+    let mut active: Vec<Seq> = Vec::new();
+    let mut reload: Option<(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>)> = None;
+    loop {
+        // Take new work: block when idle, poll otherwise; no new sequences while a reload waits.
+        while reload.is_none() {
+            let msg = if active.is_empty() {
+                match rx.recv() {
+                    Ok(m) => m,
+                    Err(_) => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(m) => m,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            };
+            match msg {
+                Msg::Generate(req, reply) => active.push(Seq::new(req, reply, model.lm.cfg.num_hidden_layers as usize)),
+                Msg::Reload(dir, done) => reload = Some((dir, done)),
+            }
+        }
+        if active.is_empty() {
+            if let Some((dir, done)) = reload.take() {
+                let result = Model::load(&dir, model.device(), None)
+                    .map(|m| model = m)
+                    .map_err(|e| EngineError::Failed { backend: NAME, msg: e.to_string() });
+                let _ = done.send(result);
+            }
+            continue;
+        }
+        for seq in &mut active {
+            if seq.reply.is_closed() {
+                seq.finish = Some(FinishReason::Other); // the client went away: stop computing
+                continue;
+            }
+            step(&model, seq);
+        }
+        let (done, rest): (Vec<Seq>, Vec<Seq>) = active.drain(..).partition(|s| s.finish.is_some());
+        active = rest;
+        for seq in done {
+            seq.complete();
+        }
+    }
+}
+
+impl Seq {
+    fn new(req: GenerateRequest, reply: Reply, layers: usize) -> Self {
+        let seed = req.sampling.seed.unwrap_or_else(rand::random);
+        Seq {
+            req,
+            reply,
+            cache: KvCache::new(layers),
+            pending: None,
+            output: Vec::new(),
+            logprobs: Vec::new(),
+            routing: Vec::new(),
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            start: Instant::now(),
+            finish: None,
+        }
+    }
+
+    fn complete(self) {
+        let routing = if self.req.return_routing && !self.routing.is_empty() {
+            let all = Tensor::cat(&self.routing, 0);
+            let size = all.size();
+            let flat: Vec<i64> = Vec::<i64>::try_from(all.flatten(0, -1)).unwrap_or_default();
+            Some(Routing {
+                start: 0,
+                tokens: size[0] as usize,
+                layers: size[1] as usize,
+                top_k: size[2] as usize,
+                experts: flat.into_iter().map(|e| e.clamp(0, u16::MAX as i64) as u16).collect(),
+            })
+        } else {
+            None
+        };
+        let _ = self.reply.send(Ok(GenerateOutput {
+            output_ids: self.output,
+            logprobs: self.logprobs,
+            routing,
+            finish_reason: self.finish.unwrap_or(FinishReason::Other),
+            seconds: self.start.elapsed().as_secs_f64(),
+        }));
+    }
+}
+
+/// Forwards the pending tokens (the prompt on the first step), then picks the next token.
+fn step(model: &Model, seq: &mut Seq) {
+    let device = model.device();
+    let (ids, start): (Vec<i64>, i64) = match seq.pending {
+        None => (seq.req.prompt_ids.iter().map(|&t| t as i64).collect(), 0),
+        Some(t) => (vec![t as i64], (seq.req.prompt_ids.len() + seq.output.len() - 1) as i64),
+    };
+    let tokens = Tensor::from_slice(&ids).to_device(device);
+    let positions = Tensor::arange_start(start, start + ids.len() as i64, (Kind::Int64, device));
+    let out = model.lm.forward(&ForwardInput::causal(&tokens, &positions), Some(&mut seq.cache));
+    if let Some(r) = out.routing {
+        seq.routing.push(r.to_device(Device::Cpu));
+    }
+    let last = out.hidden.narrow(0, ids.len() as i64 - 1, 1);
+    let logits = model.lm.logits(&last).to_kind(Kind::Float).squeeze_dim(0);
+    let logp: Vec<f32> = Vec::<f32>::try_from(logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu)).unwrap_or_default();
+    let n = seq.output.len();
+    let next = match &seq.req.forced_output {
+        Some(forced) => match forced.get(n) {
+            Some(&t) => t,
+            None => {
+                seq.finish = Some(FinishReason::Stop);
+                return;
+            }
+        },
+        None => sample(&logp, &seq.req, &mut seq.rng),
+    };
+    seq.output.push(next);
+    seq.logprobs.push(logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY));
+    seq.pending = Some(next);
+    let max = seq.req.sampling.max_tokens.unwrap_or(1024) as usize;
+    let forced_done = seq.req.forced_output.as_ref().is_some_and(|f| seq.output.len() >= f.len());
+    if seq.req.stop_token_ids.contains(&next) || forced_done {
+        seq.finish = Some(FinishReason::Stop);
+    } else if seq.output.len() >= max {
+        seq.finish = Some(FinishReason::Length);
+    }
+}
+
+/// Samples from `logp` with temperature, top-k and top-p (temperature 0 = greedy).
+fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
+    let s = &req.sampling;
+    let temperature = s.temperature.unwrap_or(1.0) as f32;
+    if temperature <= 1e-6 {
+        return argmax(logp);
+    }
+    let mut cand: Vec<(u32, f32)> = logp.iter().enumerate().map(|(i, &l)| (i as u32, l / temperature)).collect();
+    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+    if let Some(k) = s.top_k.filter(|&k| k > 0) {
+        cand.truncate(k as usize);
+    }
+    let max = cand[0].1;
+    let mut probs: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    if let Some(top_p) = s.top_p.filter(|&p| p < 1.0) {
+        let mut acc = 0.0;
+        let keep = probs.iter().position(|&p| {
+            acc += p;
+            acc >= top_p as f32
+        });
+        let keep = keep.map_or(probs.len(), |i| i + 1);
+        probs.truncate(keep);
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+    }
+    let mut u: f32 = rng.gen();
+    for (i, p) in probs.iter().enumerate() {
+        if u < *p {
+            return cand[i].0;
+        }
+        u -= p;
+    }
+    cand[probs.len() - 1].0
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
+}

@@ -1,0 +1,152 @@
+//! The LLM proxy: OpenAI- and Anthropic-compatible endpoints in front of a token-level
+//! [`Backend`], recording every generation exactly as sampled.
+//!
+//! Harnesses talk to it as if it were the vendor API. The proxy converts each request to a
+//! [`Conversation`], renders it to tokens itself (or, in faithful mode, reuses the captured
+//! tokens of the previous turn and tokenizes only the new suffix), asks the backend for tokens
+//! with log-probs and routing, parses the tokens back into text / reasoning / tool calls, records
+//! the [`Generation`] into the trial's capture, and only then answers.
+//!
+//! Every path exists plainly (`/v1/chat/completions`) and under a per-trial prefix
+//! (`/t/{token}/v1/chat/completions`). The token, issued by [`Proxy::register_trial`], attributes
+//! the request to its trial and is its only credential (API keys sent by harnesses are ignored
+//! and never logged). Plain paths are served only with [`ProxyConfig::allow_anonymous`]
+//! (standalone debugging), under the trial `anonymous`.
+
+mod anthropic_api;
+mod capture;
+mod openai_api;
+mod routes;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use capture::{Captured, Trial};
+
+use crate::chat::ChatFormat;
+use crate::engine::Backend;
+use crate::records::{PromptMode, Sampling};
+
+/// Proxy settings.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Build prompts from captured tokens where possible (default), or always re-render.
+    pub prompt_mode: PromptMode,
+    /// Serve plain paths without a trial token (standalone mode).
+    pub allow_anonymous: bool,
+    /// Request bodies above this size get 413.
+    pub max_body_bytes: usize,
+    /// Sampling defaults; request fields override temperature/top_p/max_tokens.
+    pub sampling: Sampling,
+    /// Ask the backend for MoE routing.
+    pub return_routing: bool,
+    /// The model id answered by `/v1/models` and echoed in responses when a request names none.
+    pub model_name: String,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            prompt_mode: PromptMode::Faithful,
+            allow_anonymous: false,
+            max_body_bytes: 32 << 20,
+            sampling: Sampling { temperature: Some(1.0), max_tokens: Some(4096), ..Default::default() },
+            return_routing: true,
+            model_name: "policy".into(),
+        }
+    }
+}
+
+/// Errors of the proxy, mapped to each API's own error JSON by the handlers.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("unknown or expired trial token")]
+    UnknownTrial,
+    #[error("request body is larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    ContextLength(String),
+    #[error("inference backend unavailable: {0}")]
+    Backend(String),
+}
+
+/// The state shared by all handlers.
+pub(crate) struct State {
+    pub chat: Arc<ChatFormat>,
+    pub backend: Arc<dyn Backend>,
+    pub cfg: ProxyConfig,
+    pub trials: Mutex<HashMap<String, Arc<Trial>>>,
+    pub policy_version: AtomicU64,
+}
+
+/// A running or runnable proxy (cheap to clone).
+#[derive(Clone)]
+pub struct Proxy {
+    state: Arc<State>,
+}
+
+impl Proxy {
+    /// A proxy over `backend` for the model whose chat format is `chat`.
+    pub fn new(chat: Arc<ChatFormat>, backend: Arc<dyn Backend>, cfg: ProxyConfig) -> Self {
+        let state = State {
+            chat,
+            backend,
+            cfg,
+            trials: Mutex::new(HashMap::new()),
+            policy_version: AtomicU64::new(0),
+        };
+        let proxy = Proxy { state: Arc::new(state) };
+        if proxy.state.cfg.allow_anonymous {
+            proxy.insert_trial("anonymous", "anonymous".into());
+        }
+        proxy
+    }
+
+    fn insert_trial(&self, trial_id: &str, token: String) -> Arc<Trial> {
+        let trial = Arc::new(Trial::new(trial_id));
+        self.state.trials.lock().expect("invariant: lock not poisoned").insert(token, trial.clone());
+        trial
+    }
+
+    /// Registers a trial and returns its unguessable token (the URL prefix `/t/{token}`).
+    pub fn register_trial(&self, trial_id: &str) -> (String, Arc<Trial>) {
+        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let trial = self.insert_trial(trial_id, token.clone());
+        (token, trial)
+    }
+
+    /// Removes a trial; its token stops working. Returns its captures.
+    pub fn finish_trial(&self, token: &str) -> Option<Arc<Trial>> {
+        self.state.trials.lock().expect("invariant: lock not poisoned").remove(token)
+    }
+
+    /// Sets the policy version recorded in new captures (after a weight reload).
+    pub fn set_policy_version(&self, v: u64) {
+        self.state.policy_version.store(v, Ordering::SeqCst);
+    }
+
+    /// The axum router (for embedding in another server or for tests).
+    pub fn router(&self) -> axum::Router {
+        routes::router(self.state.clone())
+    }
+
+    /// Binds `addr` and serves in the background; returns the bound address.
+    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let bound = listener.local_addr()?;
+        let app = self.router();
+        let handle = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!("proxy server stopped: {e}");
+            }
+        });
+        Ok((bound, handle))
+    }
+}
+
+#[cfg(test)]
+mod tests;
