@@ -50,7 +50,15 @@ fi
 mkdir -p "$CACHE"
 tarball="$CACHE/$SUITE-$hash.tar"
 if [[ $force == 1 || ! -s "$tarball" ]]; then
-  command -v debootstrap >/dev/null || { log "debootstrap missing: apt-get install debootstrap"; exit 2; }
+  if ! command -v debootstrap >/dev/null; then
+    # A fresh machine: install it from Debian's packages (root, no prompts).
+    if [ "$(id -u)" -eq 0 ]; then
+      log "installing debootstrap"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >&2
+    fi
+    command -v debootstrap >/dev/null || { log "debootstrap missing: apt-get install debootstrap"; exit 2; }
+  fi
   work="$(mktemp -d "$CACHE/build.XXXXXX")"
   trap 'umount -l "$work/root/proc" 2>/dev/null || true; rm -rf "$work"' EXIT
   log "debootstrap $SUITE from $MIRROR (takes minutes)"

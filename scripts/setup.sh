@@ -7,9 +7,12 @@
 #  2. `.libtorch` -> <venv>/…/site-packages/torch, read by .cargo/config.toml (LIBTORCH) and by
 #     build.rs, which bakes an rpath so `target/release/lego-rl` runs with no exported variables.
 #  3. The release binary.
+#  4. The generated test/demo artifacts: the tiny Qwen3-MoE checkpoint (scripts/make_tiny_models.py, 39 MB,
+#     deterministic, git-ignored) and the Debian base image for task containers
+#     (scripts/bootstrap-base-image.sh: debootstrap + docker import; reused when present).
 #
 # Environment: LEGO_RL_CACHE (default ~/.cache/lego-rl), LEGO_RL_VENV (default $LEGO_RL_CACHE/venv),
-# LEGO_RL_SKIP_BUILD=1 to stop before cargo.
+# LEGO_RL_SKIP_BUILD=1 to stop before cargo, LEGO_RL_SKIP_DOCKER=1 to skip the base image.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,5 +50,12 @@ ln -sfn "$venv" "$root/.venv"
 if [ "${LEGO_RL_SKIP_BUILD:-0}" != 1 ]; then
   say "building target/release/lego-rl"
   (cd "$root" && cargo build --release --locked --quiet 2>&1 | grep -v '^$' >&2 || exit "${PIPESTATUS[0]}")
+fi
+say "tiny Qwen3-MoE checkpoint (testdata/models/generated)"
+"$py" "$root/scripts/make_tiny_models.py" "$root/testdata/models/generated/tiny-qwen3-moe" >&2
+
+if [ "${LEGO_RL_SKIP_DOCKER:-0}" != 1 ]; then
+  say "base image for task containers"
+  "$root/scripts/bootstrap-base-image.sh" >&2
 fi
 say "ok"

@@ -5,5 +5,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 "$root/scripts/setup.sh"
+# Headless Chromium for the report tests (Debian package; idempotent).
+"$root/scripts/install-test-deps.sh" >&2
 cargo fmt --check
 cargo test --release --locked "$@"

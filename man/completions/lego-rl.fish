@@ -30,26 +30,62 @@ complete -c lego-rl -n "__fish_lego_rl_needs_command" -l no-progress -d 'Never d
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "build-images" -d 'Build (or find cached) container images for tasks'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "rollout" -d 'Run harnesses on tasks in sandboxes and record trajectories'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "align" -d 'Align trajectories into token-exact training samples'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories'
-complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "build-images" -d 'Build (or find cached) container images for tasks.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "rollout" -d 'Run harnesses on tasks in sandboxes and record trajectories.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "align" -d 'Align trajectories into token-exact training samples.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live.'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "generate-docs" -d 'Writes the man pages and shell completions (for maintainers)'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s i -l input -d 'Task pool: SWE-bench JSONL, Harbor task directories or lego-rl task records' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s o -l output -d 'Kept tasks (zstd JSONL)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s i -l input -d 'Task pool: SWE-bench JSONL/.json, Harbor task directories, lego-rl task records' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s o -l output -d 'Kept tasks as lego-rl task records (zstd unless the name ends in .jsonl)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l decisions -d 'Write one decision per task (kept or dropped, stage, reason, evidence)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l funnel -d 'Write the funnel as CSV (stage,in,out,dropped,reason,count)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l stages -d 'Stages to run, comma-separated (default: rules plus those whose inputs are given)' -r -f -a "rules\t''
+decontamination\t''
+validity\t''
+difficulty\t''
+saturation\t''"
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-statement-chars -d 'Rules: minimum problem-statement length in characters' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-statement-chars -d 'Rules: maximum problem-statement length in characters' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-patch-lines -d 'Rules: minimum changed (added + removed) lines of the gold patch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-patch-lines -d 'Rules: maximum changed lines of the gold patch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-patch-files -d 'Rules: maximum files touched by the gold patch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-test-patch-lines -d 'Rules: maximum changed lines of the test patch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-test-patch-files -d 'Rules: maximum files touched by the test patch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l languages -d 'Rules: allowed languages, comma-separated (record `language`, else guessed from the patch)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l licenses -d 'Rules: allowed licences, comma-separated (record `license` or `license_name`)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l exclude-instances -d 'Decontamination: drop tasks whose id (or gold patch) is in FILE (any accepted format or an id list)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l exclude-repos-of -d 'Decontamination: drop tasks from any repository of FILE\'s tasks' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l validity-runs -d 'Validity: repetitions of the with/without-fix check (needs sandboxes)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l images -d 'Validity: build-images\' manifest' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l trials -d 'Difficulty: trajectories of k reference-policy trials per task (rollout output)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-solved -d 'Difficulty: keep tasks solved at least this many times of k' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-solved -d 'Difficulty: keep tasks solved at most this many times of k' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l trials-per-task -d 'Difficulty: trials per task (k)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l solved-threshold -d 'Difficulty and saturation: a trial with at least this reward counts as solved' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l incomplete-trials -d 'Difficulty: tasks with fewer than k counted trials (missing or infra-failed)' -r -f -a "drop\t'Drop it (reason `trials_missing` or `trials_incomplete`)'
+keep\t'Keep it (it passes the stage with reason recorded in its decision)'
+fail\t'Stop with an error listing such tasks'"
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l drop-saturated -d 'Saturation: recent training trajectories; drop tasks whose last N groups were all-solved or all-failed' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l saturation-groups -d 'Saturation: N, the number of most recent groups that must all be uniform' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l dry-run -d 'Run the stages and report the funnel (and decisions) without writing kept tasks'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l keep-going -d 'Record bad records and unreadable inputs in the funnel instead of stopping (exit 1 at the end)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l no-rules -d 'Skip the rules stage (when --stages is not given)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l no-test-file-check -d 'Rules: allow test patches that touch non-test files and gold patches that touch tests'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s i -l input -d 'Tasks (zstd JSONL)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s i -l input -d 'Tasks (zstd JSONL); relative paths in them resolve against this file\'s directory' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s o -l output -d 'Image manifest (zstd JSONL)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s j -l jobs -d 'Parallel builds' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l base-image -d 'Base image of tasks without their own Dockerfile' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l log-dir -d 'Directory for per-image build logs (default: `<output dir>/build-logs`, or ./build-logs)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
@@ -75,7 +111,27 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s h -l help -d '
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s V -l version -d 'Print version'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s i -l input -d 'Samples (zstd JSONL)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l checkpoint -d 'Checkpoint to start from (Hugging Face layout)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l out -d 'Directory of the new checkpoint' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l out -d 'Directory of the new checkpoint (must not exist, or be empty)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l metrics -d 'Step-metrics file to append one record to' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l device -d 'cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l dtype -d 'Compute dtype (float32, bfloat16); default: the checkpoint\'s. Saved weights keep the checkpoint\'s dtype' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l loss -d 'Objective' -r -f -a "gspo\t'Sequence-level clipped ratio (GSPO)'
+gspo-token\t'GSPO-token: per-token ratio sg[s_i]·π_θ/sg[π_θ] (same gradient with sequence advantages)'
+sft\t'Masked negative log-likelihood on policy tokens (warm start, rejection-sampling FT)'"
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l lr -d 'Peak learning rate' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l min-lr -d 'Final learning rate of the cosine schedule' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l warmup-steps -d 'Linear warmup, in optimizer updates' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l schedule -d 'Schedule after warmup' -r -f -a "constant\t''
+cosine\t''"
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l total-steps -d 'Optimizer updates over which the cosine schedule decays' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l weight-decay -d 'AdamW weight decay (not applied to norms and biases)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l eps-low -d 'Lower clip range of the sequence ratio' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l eps-high -d 'Upper clip range of the sequence ratio' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l updates -d 'Optimizer updates per step (mini-batches of whole groups)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l micro-batch-tokens -d 'Tokens per packed micro-batch (gradient accumulation over micro-batches)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l max-grad-norm -d 'Gradient-norm clip (0 = off)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l tis-cap -d 'Truncated importance-sampling cap on π_old/π_rollout per token (off when absent)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l seed -d 'Seed of torch\'s generator' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
@@ -113,12 +169,12 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -l no-pro
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s h -l help -d 'Print help'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "build-images" -d 'Build (or find cached) container images for tasks'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "rollout" -d 'Run harnesses on tasks in sandboxes and record trajectories'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "align" -d 'Align trajectories into token-exact training samples'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "build-images" -d 'Build (or find cached) container images for tasks.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "rollout" -d 'Run harnesses on tasks in sandboxes and record trajectories.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "align" -d 'Align trajectories into token-exact training samples.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live.'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "generate-docs" -d 'Writes the man pages and shell completions (for maintainers)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -16,6 +16,8 @@ use crate::cli::GlobalArgs;
 /// Example:
 ///   lego-rl align -i run/trajectories/step-000000.jsonl.zst -o run/samples/step-000000.jsonl.zst
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct AlignArgs {
     /// Trajectories (zstd JSONL).
     #[arg(short, long, default_value = "-")]

@@ -22,6 +22,8 @@ use crate::sandbox::{build_images, BuildSettings, Engine, DEFAULT_BASE_IMAGE};
 /// Example:
 ///   lego-rl build-images -i run/tasks.kept.jsonl.zst -o run/images.jsonl.zst -j 2
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct BuildImagesArgs {
     /// Tasks (zstd JSONL); relative paths in them resolve against this file's directory.
     #[arg(short, long)]

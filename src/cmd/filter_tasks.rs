@@ -30,6 +30,8 @@ use crate::tasks::filter::{
 ///       --exclude-instances swebench_verified_ids.txt --exclude-repos-of swebench_verified_ids.txt \
 ///       --trials ref-trials.jsonl.zst --decisions run/decisions.jsonl.zst --funnel run/funnel.csv
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct FilterTasksArgs {
     /// Task pool: SWE-bench JSONL/.json, Harbor task directories, lego-rl task records.
     #[arg(short, long, required = true)]

@@ -33,6 +33,8 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   lego-rl report run/ -o run/report/
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct ReportArgs {
     /// Run directory.
     pub run: PathBuf,

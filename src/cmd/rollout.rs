@@ -17,6 +17,8 @@ use crate::cli::GlobalArgs;
 ///       --harness examples/harnesses/mini-swe-agent.toml \
 ///       --backend embedded:run/checkpoints/step-000000 -o run/trajectories/step-000000.jsonl.zst
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct RolloutArgs {
     /// Tasks (zstd JSONL).
     #[arg(short, long)]

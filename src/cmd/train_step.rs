@@ -23,6 +23,8 @@ use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings
 ///   lego-rl train-step --checkpoint run/checkpoints/step-000000 -i run/samples/step-000000.jsonl.zst \
 ///       --out run/checkpoints/step-000001 --metrics run/metrics.jsonl.zst
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct TrainStepArgs {
     /// Samples (zstd JSONL).
     #[arg(short, long, default_value = "-")]

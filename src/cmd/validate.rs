@@ -50,6 +50,8 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   lego-rl validate --eval eval/step-000100.jsonl.zst
 ///   lego-rl validate --compare eval/step-000000.jsonl.zst eval/step-000100.jsonl.zst
 #[derive(Args, Debug)]
+// Verbatim: keeps the `Example:` block's lines as written.
+#[command(verbatim_doc_comment)]
 pub struct ValidateArgs {
     /// A run directory, or record files (zstd or plain JSONL; `-` = stdin).
     #[arg(required_unless_present_any = ["eval", "compare"])]

@@ -54,7 +54,12 @@ impl EmbeddedBackend {
             .name("lego-rl-engine".into())
             .spawn(move || worker(model, rx))
             .map_err(|e| failed(e.to_string()))?;
-        Ok(EmbeddedBackend { tx, dir: dir.to_path_buf(), shape, context })
+        Ok(EmbeddedBackend {
+            tx,
+            dir: dir.to_path_buf(),
+            shape,
+            context,
+        })
     }
 
     /// The routing shape of the loaded model (None for dense models).
@@ -68,16 +73,29 @@ impl Backend for EmbeddedBackend {
         format!("embedded:{}", self.dir.display())
     }
 
+    fn context_length(&self) -> Option<usize> {
+        Some(self.context)
+    }
+
     fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
         async move {
             if req.prompt_ids.len() >= self.context {
-                return Err(EngineError::ContextLength { prompt: req.prompt_ids.len(), context: self.context });
+                return Err(EngineError::ContextLength {
+                    prompt: req.prompt_ids.len(),
+                    context: self.context,
+                });
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.tx
                 .send(Msg::Generate(req, tx))
-                .map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker stopped".into() })?;
-            rx.await.map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker dropped the request".into() })?
+                .map_err(|_| EngineError::Failed {
+                    backend: NAME,
+                    msg: "engine worker stopped".into(),
+                })?;
+            rx.await.map_err(|_| EngineError::Failed {
+                backend: NAME,
+                msg: "engine worker dropped the request".into(),
+            })?
         }
         .boxed()
     }
@@ -88,8 +106,14 @@ impl Backend for EmbeddedBackend {
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.tx
                 .send(Msg::Reload(dir, tx))
-                .map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker stopped".into() })?;
-            rx.await.map_err(|_| EngineError::Failed { backend: NAME, msg: "engine worker dropped the reload".into() })?
+                .map_err(|_| EngineError::Failed {
+                    backend: NAME,
+                    msg: "engine worker stopped".into(),
+                })?;
+            rx.await.map_err(|_| EngineError::Failed {
+                backend: NAME,
+                msg: "engine worker dropped the reload".into(),
+            })?
         }
         .boxed()
     }
@@ -130,7 +154,9 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>) {
                 }
             };
             match msg {
-                Msg::Generate(req, reply) => active.push(Seq::new(req, reply, model.lm.cfg.num_hidden_layers as usize)),
+                Msg::Generate(req, reply) => {
+                    active.push(Seq::new(req, reply, model.lm.cfg.num_hidden_layers as usize))
+                }
                 Msg::Reload(dir, done) => reload = Some((dir, done)),
             }
         }
@@ -138,7 +164,10 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>) {
             if let Some((dir, done)) = reload.take() {
                 let result = Model::load(&dir, model.device(), None)
                     .map(|m| model = m)
-                    .map_err(|e| EngineError::Failed { backend: NAME, msg: e.to_string() });
+                    .map_err(|e| EngineError::Failed {
+                        backend: NAME,
+                        msg: e.to_string(),
+                    });
                 let _ = done.send(result);
             }
             continue;
@@ -185,7 +214,10 @@ impl Seq {
                 tokens: size[0] as usize,
                 layers: size[1] as usize,
                 top_k: size[2] as usize,
-                experts: flat.into_iter().map(|e| e.clamp(0, u16::MAX as i64) as u16).collect(),
+                experts: flat
+                    .into_iter()
+                    .map(|e| e.clamp(0, u16::MAX as i64) as u16)
+                    .collect(),
             })
         } else {
             None
@@ -205,17 +237,23 @@ fn step(model: &Model, seq: &mut Seq) {
     let device = model.device();
     let (ids, start): (Vec<i64>, i64) = match seq.pending {
         None => (seq.req.prompt_ids.iter().map(|&t| t as i64).collect(), 0),
-        Some(t) => (vec![t as i64], (seq.req.prompt_ids.len() + seq.output.len() - 1) as i64),
+        Some(t) => (
+            vec![t as i64],
+            (seq.req.prompt_ids.len() + seq.output.len() - 1) as i64,
+        ),
     };
     let tokens = Tensor::from_slice(&ids).to_device(device);
     let positions = Tensor::arange_start(start, start + ids.len() as i64, (Kind::Int64, device));
-    let out = model.lm.forward(&ForwardInput::causal(&tokens, &positions), Some(&mut seq.cache));
+    let out = model
+        .lm
+        .forward(&ForwardInput::causal(&tokens, &positions), Some(&mut seq.cache));
     if let Some(r) = out.routing {
         seq.routing.push(r.to_device(Device::Cpu));
     }
     let last = out.hidden.narrow(0, ids.len() as i64 - 1, 1);
     let logits = model.lm.logits(&last).to_kind(Kind::Float).squeeze_dim(0);
-    let logp: Vec<f32> = Vec::<f32>::try_from(logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu)).unwrap_or_default();
+    let logp: Vec<f32> =
+        Vec::<f32>::try_from(logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu)).unwrap_or_default();
     let n = seq.output.len();
     let next = match &seq.req.forced_output {
         Some(forced) => match forced.get(n) {
@@ -228,13 +266,19 @@ fn step(model: &Model, seq: &mut Seq) {
         None => sample(&logp, &seq.req, &mut seq.rng),
     };
     seq.output.push(next);
-    seq.logprobs.push(logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY));
+    seq.logprobs
+        .push(logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY));
     seq.pending = Some(next);
     let max = seq.req.sampling.max_tokens.unwrap_or(1024) as usize;
-    let forced_done = seq.req.forced_output.as_ref().is_some_and(|f| seq.output.len() >= f.len());
+    let forced_done = seq
+        .req
+        .forced_output
+        .as_ref()
+        .is_some_and(|f| seq.output.len() >= f.len());
     if seq.req.stop_token_ids.contains(&next) || forced_done {
         seq.finish = Some(FinishReason::Stop);
-    } else if seq.output.len() >= max {
+    } else if seq.req.forced_output.is_none() && seq.output.len() >= max {
+        // A forced script is authoritative: max_tokens only bounds sampled output.
         seq.finish = Some(FinishReason::Length);
     }
 }
@@ -246,7 +290,11 @@ fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
     if temperature <= 1e-6 {
         return argmax(logp);
     }
-    let mut cand: Vec<(u32, f32)> = logp.iter().enumerate().map(|(i, &l)| (i as u32, l / temperature)).collect();
+    let mut cand: Vec<(u32, f32)> = logp
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l / temperature))
+        .collect();
     cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
     if let Some(k) = s.top_k.filter(|&k| k > 0) {
         cand.truncate(k as usize);
@@ -277,5 +325,8 @@ fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
 }
 
 fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i as u32)
 }

@@ -121,6 +121,10 @@ pub trait Backend: Send + Sync {
     fn id(&self) -> String;
     /// Generates a continuation of `req.prompt_ids`.
     fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>>;
+    /// The longest prompt + output the model serves, when the backend knows it.
+    fn context_length(&self) -> Option<usize> {
+        None
+    }
     /// Loads new weights from a checkpoint directory (the asynchronous loop's policy update).
     fn reload(&self, checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<(), EngineError>>;
 }

@@ -13,7 +13,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::capture::{generate, Outcome, Trial};
+use super::capture::{prepare, run, Outcome, Trial};
 use super::routes::{error_response, Api};
 use super::{ProxyError, State};
 use crate::chat::anthropic::MessagesRequest;
@@ -28,16 +28,21 @@ fn parse(state: &State, body: &Bytes) -> Result<(Value, MessagesRequest, Convers
     let _ = state;
     let raw: Value = serde_json::from_slice(body)
         .map_err(|e| ProxyError::BadRequest(format!("request body is not valid JSON: {e}")))?;
-    let req: MessagesRequest =
-        serde_json::from_value(raw.clone()).map_err(|e| ProxyError::BadRequest(format!("invalid request: {e}")))?;
-    let conv = req.to_conversation().map_err(|e| ProxyError::BadRequest(format!("{e:#}")))?;
+    let req: MessagesRequest = serde_json::from_value(raw.clone())
+        .map_err(|e| ProxyError::BadRequest(format!("invalid request: {e}")))?;
+    let conv = req
+        .to_conversation()
+        .map_err(|e| ProxyError::BadRequest(format!("{e:#}")))?;
     Ok((raw, req, conv))
 }
 
 pub(crate) async fn count_tokens(state: Arc<State>, body: Bytes) -> Response {
     let result = parse(&state, &body).and_then(|(_, _, conv)| {
         let opts = RenderOptions::generation(conv.thinking);
-        state.chat.prompt_ids(&conv, &opts).map_err(|e| ProxyError::BadRequest(format!("{e:#}")))
+        state
+            .chat
+            .prompt_ids(&conv, &opts)
+            .map_err(|e| ProxyError::BadRequest(format!("{e:#}")))
     });
     match result {
         Ok(ids) => Json(json!({"input_tokens": ids.len()})).into_response(),
@@ -65,10 +70,18 @@ pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes) 
         s.max_tokens = Some(m.min(s.max_tokens.unwrap_or(u32::MAX)));
     }
     s.stop = req.stop_sequences.clone();
-    let model = if req.model.is_empty() { state.cfg.model_name.clone() } else { req.model.clone() };
+    let model = if req.model.is_empty() {
+        state.cfg.model_name.clone()
+    } else {
+        req.model.clone()
+    };
+    let prepared = match prepare(&state, &trial, "anthropic", raw, conv, opts, s) {
+        Ok(p) => p,
+        Err(e) => return error_response(Api::Anthropic, &e),
+    };
     let fut = {
         let state = state.clone();
-        async move { generate(&state, &trial, "anthropic", raw, conv, opts, s).await }
+        async move { run(&state, prepared).await }
     };
     if !req.stream {
         return match fut.await {
@@ -80,10 +93,14 @@ pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes) 
         let events = match res {
             Ok(out) => events(&model, &out),
             Err(e) => {
-                let etype = if matches!(e, ProxyError::Backend(_)) { "overloaded_error" } else { "invalid_request_error" };
-                vec![Event::default()
-                    .event("error")
-                    .data(json!({"type": "error", "error": {"type": etype, "message": e.to_string()}}).to_string())]
+                let etype = if matches!(e, ProxyError::Backend(_)) {
+                    "overloaded_error"
+                } else {
+                    "invalid_request_error"
+                };
+                vec![Event::default().event("error").data(
+                    json!({"type": "error", "error": {"type": etype, "message": e.to_string()}}).to_string(),
+                )]
             }
         };
         futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
@@ -132,10 +149,13 @@ fn message(model: &str, out: &Outcome) -> Value {
 fn events(model: &str, out: &Outcome) -> Vec<Event> {
     let ev = |name: &str, data: Value| Event::default().event(name).data(data.to_string());
     let mut v = vec![
-        ev("message_start", json!({"type": "message_start", "message": {
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {
             "id": id(out), "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": out.prompt_tokens, "output_tokens": 1}}})),
+            "usage": {"input_tokens": out.prompt_tokens, "output_tokens": 1}}}),
+        ),
         ev("ping", json!({"type": "ping"})),
     ];
     for (i, block) in blocks(out).into_iter().enumerate() {
@@ -151,17 +171,32 @@ fn events(model: &str, out: &Outcome) -> Vec<Event> {
                 json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
                 vec![json!({"type": "input_json_delta", "partial_json": block["input"].to_string()})],
             ),
-            _ => (json!({"type": "text", "text": ""}), vec![json!({"type": "text_delta", "text": block["text"]})]),
+            _ => (
+                json!({"type": "text", "text": ""}),
+                vec![json!({"type": "text_delta", "text": block["text"]})],
+            ),
         };
-        v.push(ev("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": start})));
+        v.push(ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": start}),
+        ));
         for d in deltas {
-            v.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": d})));
+            v.push(ev(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": i, "delta": d}),
+            ));
         }
-        v.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": i})));
+        v.push(ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        ));
     }
-    v.push(ev("message_delta", json!({"type": "message_delta",
+    v.push(ev(
+        "message_delta",
+        json!({"type": "message_delta",
         "delta": {"stop_reason": stop_reason(out), "stop_sequence": null},
-        "usage": {"output_tokens": out.output_tokens}})));
+        "usage": {"output_tokens": out.output_tokens}}),
+    ));
     v.push(ev("message_stop", json!({"type": "message_stop"})));
     v
 }

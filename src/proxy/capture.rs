@@ -10,7 +10,9 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::{ProxyError, State};
-use crate::chat::{Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, ToolCallIds};
+use crate::chat::{
+    Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, ToolCallIds,
+};
 use crate::engine::{EngineError, FinishReason, GenerateRequest};
 use crate::records::{Generation, Packed, PromptMode, Sampling};
 
@@ -42,7 +44,10 @@ pub struct Trial {
 
 impl Trial {
     pub(crate) fn new(id: &str) -> Self {
-        Trial { id: id.to_string(), inner: Mutex::new(Inner::default()) }
+        Trial {
+            id: id.to_string(),
+            inner: Mutex::new(Inner::default()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -51,7 +56,12 @@ impl Trial {
 
     /// Every generation captured so far, in request order.
     pub fn generations(&self) -> Vec<Generation> {
-        let mut g: Vec<Generation> = self.lock().captured.iter().map(|c| c.generation.clone()).collect();
+        let mut g: Vec<Generation> = self
+            .lock()
+            .captured
+            .iter()
+            .map(|c| c.generation.clone())
+            .collect();
         g.sort_by_key(|g| g.index);
         g
     }
@@ -65,7 +75,13 @@ impl Trial {
     fn thread_of(&self, conv: &Conversation) -> u32 {
         // A thread is identified by its system prompt and first user message: side requests
         // (titles, summaries) and sub-agents differ in one of them.
-        let first = |role| conv.messages.iter().find(|m| m.role == role).map(|m| m.content.as_str()).unwrap_or("");
+        let first = |role| {
+            conv.messages
+                .iter()
+                .find(|m| m.role == role)
+                .map(|m| m.content.as_str())
+                .unwrap_or("")
+        };
         let key = format!("{}\u{0}{}", first(Role::System), first(Role::User));
         let mut inner = self.lock();
         match inner.threads.iter().position(|k| *k == key) {
@@ -114,8 +130,20 @@ impl Drop for InFlight {
     }
 }
 
-/// The shared generation path (see the module docs).
-pub(crate) async fn generate(
+/// A request whose prompt is built and checked, ready for the backend.
+pub(crate) struct Prepared {
+    trial: Arc<Trial>,
+    api: &'static str,
+    conv: Conversation,
+    opts: RenderOptions,
+    record: Generation,
+    request: GenerateRequest,
+    started: Instant,
+}
+
+/// First half of the generation path: thread, prompt (faithful or rendered), context check.
+/// Runs before a streaming response starts, so a prompt that cannot be served gets a plain 400.
+pub(crate) fn prepare(
     state: &State,
     trial: &Arc<Trial>,
     api: &'static str,
@@ -123,7 +151,7 @@ pub(crate) async fn generate(
     conv: Conversation,
     opts: RenderOptions,
     sampling: Sampling,
-) -> Result<Outcome, ProxyError> {
+) -> Result<Prepared, ProxyError> {
     let started = Instant::now();
     let thread = trial.thread_of(&conv);
     let (index, forced_text) = {
@@ -141,11 +169,11 @@ pub(crate) async fn generate(
     let mut prompt_ids = None;
     if state.cfg.prompt_mode == PromptMode::Faithful {
         let inner = trial.lock();
-        let prev = inner
-            .captured
-            .iter()
-            .rev()
-            .find(|c| c.generation.thread == thread && c.assistant.is_some() && c.generation.status.as_deref() == Some("ok"));
+        let prev = inner.captured.iter().rev().find(|c| {
+            c.generation.thread == thread
+                && c.assistant.is_some()
+                && c.generation.status.as_deref() == Some("ok")
+        });
         if let Some(prev) = prev {
             let p = PreviousGeneration {
                 conversation: &prev.conversation,
@@ -172,7 +200,10 @@ pub(crate) async fn generate(
         None => chat.prompt_ids(&conv, &opts).map_err(bad)?,
     };
     let special = chat.special();
-    let stop_token_ids: Vec<u32> = [special.im_end, special.endoftext].into_iter().flatten().collect();
+    let stop_token_ids: Vec<u32> = [special.im_end, special.endoftext]
+        .into_iter()
+        .flatten()
+        .collect();
     let forced_output = match forced_text {
         Some(text) => {
             let mut ids = chat.encode(&text).map_err(bad)?;
@@ -185,9 +216,17 @@ pub(crate) async fn generate(
         }
         None => None,
     };
+    if let Some(context) = state.backend.context_length() {
+        if prompt_ids.len() >= context {
+            return Err(ProxyError::ContextLength(format!(
+                "prompt of {} tokens does not fit the model's context of {context} tokens",
+                prompt_ids.len()
+            )));
+        }
+    }
     let backend_id = state.backend.id();
     let policy_version = state.policy_version.load(std::sync::atomic::Ordering::SeqCst);
-    let mut record = Generation {
+    let record = Generation {
         thread,
         index,
         api: api.to_string(),
@@ -200,17 +239,44 @@ pub(crate) async fn generate(
         extra,
         ..Default::default()
     };
-    let guard = InFlight { trial: trial.clone(), generation: Some(record.clone()) };
-    let result = state
-        .backend
-        .generate(GenerateRequest {
-            prompt_ids,
-            sampling,
-            stop_token_ids,
-            return_routing: state.cfg.return_routing,
-            forced_output,
-        })
-        .await;
+    let request = GenerateRequest {
+        prompt_ids,
+        sampling,
+        stop_token_ids,
+        return_routing: state.cfg.return_routing,
+        forced_output,
+    };
+    Ok(Prepared {
+        trial: trial.clone(),
+        api,
+        conv,
+        opts,
+        record,
+        request,
+        started,
+    })
+}
+
+/// Second half: the backend call, parsing, and the capture (written before the answer).
+pub(crate) async fn run(state: &State, p: Prepared) -> Result<Outcome, ProxyError> {
+    let Prepared {
+        trial,
+        api,
+        conv,
+        opts,
+        mut record,
+        request,
+        started,
+    } = p;
+    let chat = &state.chat;
+    let bad = |e: crate::chat::ChatError| ProxyError::BadRequest(format!("{e:#}"));
+    let index = record.index;
+    let trial = &trial;
+    let guard = InFlight {
+        trial: trial.clone(),
+        generation: Some(record.clone()),
+    };
+    let result = state.backend.generate(request).await;
     guard.done();
     let out = match result {
         Ok(out) => out,
@@ -232,7 +298,9 @@ pub(crate) async fn generate(
     let prefix = if api == "anthropic" { "toolu_" } else { "call_" };
     let ids = ToolCallIds::new(trial.id.clone(), index as u64).with_prefix(prefix);
     let starts_in_reasoning = chat.starts_in_reasoning(&conv, &opts).map_err(bad)?;
-    let parsed = chat.parse_output(&out.output_ids, ids, starts_in_reasoning, &conv.tools).map_err(bad)?;
+    let parsed = chat
+        .parse_output(&out.output_ids, ids, starts_in_reasoning, &conv.tools)
+        .map_err(bad)?;
 
     record.output_ids = out.output_ids.clone();
     record.logprobs = Packed::f32_vec(&out.logprobs);
@@ -245,11 +313,24 @@ pub(crate) async fn generate(
             record.extra.insert("routing_start".into(), json!(r.start));
         }
     }
-    record.finish_reason = if parsed.tool_calls.is_empty() { out.finish_reason.as_str().into() } else { "tool_calls".into() };
+    record.finish_reason = if parsed.tool_calls.is_empty() {
+        out.finish_reason.as_str().into()
+    } else {
+        "tool_calls".into()
+    };
     record.tool_call_ids = parsed.tool_calls.iter().map(|c| c.id.clone()).collect();
-    record.status = Some(if parsed.malformed_tool_calls > 0 { "malformed_tool_call" } else { "ok" }.into());
+    record.status = Some(
+        if parsed.malformed_tool_calls > 0 {
+            "malformed_tool_call"
+        } else {
+            "ok"
+        }
+        .into(),
+    );
     if parsed.malformed_tool_calls > 0 {
-        record.extra.insert("malformed_tool_calls".into(), json!(parsed.malformed_tool_calls));
+        record
+            .extra
+            .insert("malformed_tool_calls".into(), json!(parsed.malformed_tool_calls));
     }
     record.timings = BTreeMap::from([
         ("engine".to_string(), out.seconds),

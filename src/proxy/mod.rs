@@ -52,7 +52,11 @@ impl Default for ProxyConfig {
             prompt_mode: PromptMode::Faithful,
             allow_anonymous: false,
             max_body_bytes: 32 << 20,
-            sampling: Sampling { temperature: Some(1.0), max_tokens: Some(4096), ..Default::default() },
+            sampling: Sampling {
+                temperature: Some(1.0),
+                max_tokens: Some(4096),
+                ..Default::default()
+            },
             return_routing: true,
             model_name: "policy".into(),
         }
@@ -99,7 +103,9 @@ impl Proxy {
             trials: Mutex::new(HashMap::new()),
             policy_version: AtomicU64::new(0),
         };
-        let proxy = Proxy { state: Arc::new(state) };
+        let proxy = Proxy {
+            state: Arc::new(state),
+        };
         if proxy.state.cfg.allow_anonymous {
             proxy.insert_trial("anonymous", "anonymous".into());
         }
@@ -108,20 +114,32 @@ impl Proxy {
 
     fn insert_trial(&self, trial_id: &str, token: String) -> Arc<Trial> {
         let trial = Arc::new(Trial::new(trial_id));
-        self.state.trials.lock().expect("invariant: lock not poisoned").insert(token, trial.clone());
+        self.state
+            .trials
+            .lock()
+            .expect("invariant: lock not poisoned")
+            .insert(token, trial.clone());
         trial
     }
 
     /// Registers a trial and returns its unguessable token (the URL prefix `/t/{token}`).
     pub fn register_trial(&self, trial_id: &str) -> (String, Arc<Trial>) {
-        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let token = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
         let trial = self.insert_trial(trial_id, token.clone());
         (token, trial)
     }
 
     /// Removes a trial; its token stops working. Returns its captures.
     pub fn finish_trial(&self, token: &str) -> Option<Arc<Trial>> {
-        self.state.trials.lock().expect("invariant: lock not poisoned").remove(token)
+        self.state
+            .trials
+            .lock()
+            .expect("invariant: lock not poisoned")
+            .remove(token)
     }
 
     /// Sets the policy version recorded in new captures (after a weight reload).
@@ -135,7 +153,10 @@ impl Proxy {
     }
 
     /// Binds `addr` and serves in the background; returns the bound address.
-    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    pub async fn serve(
+        &self,
+        addr: SocketAddr,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
         let app = self.router();

@@ -11,7 +11,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::capture::{generate, Outcome, Trial};
+use super::capture::{prepare, run, Outcome, Trial};
 use super::routes::{error_response, Api};
 use super::{ProxyError, State};
 use crate::chat::openai::{ChatCompletionRequest, StringOrList};
@@ -44,7 +44,11 @@ pub(crate) async fn chat_completions(state: Arc<State>, trial: Arc<Trial>, body:
     let fail = |e: ProxyError| error_response(Api::OpenAi, &e);
     let raw: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return fail(ProxyError::BadRequest(format!("request body is not valid JSON: {e}"))),
+        Err(e) => {
+            return fail(ProxyError::BadRequest(format!(
+                "request body is not valid JSON: {e}"
+            )))
+        }
     };
     let req: ChatCompletionRequest = match serde_json::from_value(raw.clone()) {
         Ok(r) => r,
@@ -62,7 +66,11 @@ pub(crate) async fn chat_completions(state: Arc<State>, trial: Arc<Trial>, body:
         opts.extra = kw.clone();
         opts.extra.remove("enable_thinking");
     }
-    let model = if req.model.is_empty() { state.cfg.model_name.clone() } else { req.model.clone() };
+    let model = if req.model.is_empty() {
+        state.cfg.model_name.clone()
+    } else {
+        req.model.clone()
+    };
     let s = sampling(&state, &req);
     let include_usage = req
         .stream_options
@@ -70,9 +78,13 @@ pub(crate) async fn chat_completions(state: Arc<State>, trial: Arc<Trial>, body:
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let prepared = match prepare(&state, &trial, "openai", raw, conv, opts, s) {
+        Ok(p) => p,
+        Err(e) => return error_response(Api::OpenAi, &e),
+    };
     let fut = {
         let state = state.clone();
-        async move { generate(&state, &trial, "openai", raw, conv, opts, s).await }
+        async move { run(&state, prepared).await }
     };
     if !req.stream {
         return match fut.await {
@@ -118,7 +130,9 @@ fn id(out: &Outcome) -> String {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn completion(model: &str, out: &Outcome) -> Value {
@@ -164,7 +178,10 @@ fn chunks(model: &str, out: &Outcome, include_usage: bool) -> Vec<Event> {
             json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
             Value::Null,
         ));
-        events.push(chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]}), Value::Null));
+        events.push(chunk(
+            json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]}),
+            Value::Null,
+        ));
     }
     events.push(chunk(json!({}), json!(finish_reason(out))));
     if include_usage {

@@ -44,11 +44,21 @@ pub(crate) enum Api {
 
 pub(crate) fn error_response(api: Api, err: &ProxyError) -> Response {
     let (status, otype, atype) = match err {
-        ProxyError::UnknownTrial => (StatusCode::UNAUTHORIZED, "invalid_request_error", "authentication_error"),
-        ProxyError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large"),
-        ProxyError::BadRequest(_) | ProxyError::ContextLength(_) => {
-            (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request_error")
-        }
+        ProxyError::UnknownTrial => (
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "authentication_error",
+        ),
+        ProxyError::TooLarge { .. } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+        ),
+        ProxyError::BadRequest(_) | ProxyError::ContextLength(_) => (
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_request_error",
+        ),
         ProxyError::Backend(_) => (StatusCode::BAD_GATEWAY, "server_error", "overloaded_error"),
     };
     let message = err.to_string();
@@ -59,13 +69,24 @@ pub(crate) fn error_response(api: Api, err: &ProxyError) -> Response {
                 ProxyError::ContextLength(_) => json!("context_length_exceeded"),
                 _ => json!(null),
             };
-            (status, Json(json!({"error": {"message": message, "type": otype, "param": null, "code": code}})))
+            (
+                status,
+                Json(json!({"error": {"message": message, "type": otype, "param": null, "code": code}})),
+            )
                 .into_response()
         }
         Api::Anthropic => {
             // Anthropic signals an unavailable model service with 529 overloaded_error.
-            let status = if matches!(err, ProxyError::Backend(_)) { StatusCode::from_u16(529).expect("valid") } else { status };
-            (status, Json(json!({"type": "error", "error": {"type": atype, "message": message}}))).into_response()
+            let status = if matches!(err, ProxyError::Backend(_)) {
+                StatusCode::from_u16(529).expect("valid")
+            } else {
+                status
+            };
+            (
+                status,
+                Json(json!({"type": "error", "error": {"type": atype, "message": message}})),
+            )
+                .into_response()
         }
     }
 }
@@ -81,7 +102,9 @@ fn trial(state: &State, token: Option<&str>) -> Result<Arc<Trial>, ProxyError> {
 
 pub(crate) async fn read_body(state: &State, body: Body) -> Result<Bytes, ProxyError> {
     let limit = state.cfg.max_body_bytes;
-    axum::body::to_bytes(body, limit).await.map_err(|_| ProxyError::TooLarge { limit })
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ProxyError::TooLarge { limit })
 }
 
 async fn openai_chat(AxState(s): AxState<S>, body: Body) -> Response {

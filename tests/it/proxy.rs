@@ -14,7 +14,14 @@ use tch::{Device, Kind, Tensor};
 
 fn chat() -> Arc<ChatFormat> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/tokenizer/qwen3");
-    Arc::new(ChatFormat::from_parts(&dir.join("tokenizer.json"), &dir.join("tokenizer_config.json"), None).unwrap())
+    Arc::new(
+        ChatFormat::from_parts(
+            &dir.join("tokenizer.json"),
+            &dir.join("tokenizer_config.json"),
+            None,
+        )
+        .unwrap(),
+    )
 }
 
 async fn start(cfg: ProxyConfig) -> (Proxy, String) {
@@ -58,7 +65,11 @@ fn recompute(prompt: &[u32], output: &[u32], routing: Option<&lego_rl::records::
         let ids: Vec<i64> = r.to_u32().unwrap().into_iter().map(i64::from).collect();
         let t = Tensor::from_slice(&ids).reshape([r.shape[0] as i64, r.shape[1] as i64, r.shape[2] as i64]);
         // vLLM-style T-1 rows: pad the never-forwarded last position with -1 (route normally).
-        let pad = Tensor::full([n - r.shape[0] as i64, r.shape[1] as i64, r.shape[2] as i64], -1, (Kind::Int64, Device::Cpu));
+        let pad = Tensor::full(
+            [n - r.shape[0] as i64, r.shape[1] as i64, r.shape[2] as i64],
+            -1,
+            (Kind::Int64, Device::Cpu),
+        );
         Tensor::cat(&[t, pad], 0)
     });
     let mut input = ForwardInput::causal(&tokens, &positions);
@@ -87,8 +98,14 @@ async fn openai_request_is_captured_token_exactly() {
     assert_eq!(g.status.as_deref(), Some("ok"));
     // Rendered mode on the first turn: prompt = tokenize(render(messages)).
     let c = chat();
-    let conv = lego_rl::chat::openai::ChatCompletionRequest::from_json(&body.to_string()).unwrap().to_conversation().unwrap();
-    assert_eq!(g.prompt_ids, c.prompt_ids(&conv, &RenderOptions::generation(None)).unwrap());
+    let conv = lego_rl::chat::openai::ChatCompletionRequest::from_json(&body.to_string())
+        .unwrap()
+        .to_conversation()
+        .unwrap();
+    assert_eq!(
+        g.prompt_ids,
+        c.prompt_ids(&conv, &RenderOptions::generation(None)).unwrap()
+    );
     assert_eq!(resp["usage"]["completion_tokens"], g.output_ids.len());
     let lps = g.logprobs.to_f32().unwrap();
     assert_eq!(lps.len(), g.output_ids.len());
@@ -97,37 +114,63 @@ async fn openai_request_is_captured_token_exactly() {
     assert_eq!(r.shape, vec![g.prompt_ids.len() + g.output_ids.len() - 1, 2, 2]);
     // The trainer's recomputation with replayed routing equals the captured log-probs.
     let again = recompute(&g.prompt_ids, &g.output_ids, g.routing.as_ref());
-    let max_diff = lps.iter().zip(&again).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(max_diff < 1e-4, "captured vs recomputed log-probs differ by {max_diff}");
+    let max_diff = lps
+        .iter()
+        .zip(&again)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        max_diff < 1e-4,
+        "captured vs recomputed log-probs differ by {max_diff}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn faithful_mode_reuses_captured_tokens_when_the_harness_reserializes_arguments() {
     let (proxy, base) = start(cfg()).await;
     let (token, trial) = proxy.register_trial("task-1/0/1");
-    trial.push_script([TOOL_CALL.to_string(), "Done.".to_string()]);
+    // Qwen3 in thinking mode opens every turn with a think block (the template relies on it).
+    trial.push_script([
+        format!("<think>\nList them.\n</think>\n\n{TOOL_CALL}"),
+        "<think>\nok\n</think>\n\nDone.".to_string(),
+    ]);
     let url = format!("{base}/t/{token}/v1/chat/completions");
     let mut messages = vec![json!({"role": "user", "content": "List the files."})];
     let (status, resp) = post(&url, &json!({"messages": messages, "tools": bash_tool()})).await;
     assert_eq!(status, 200, "{resp}");
     let msg = &resp["choices"][0]["message"];
-    assert_eq!(resp["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(resp["choices"][0]["finish_reason"], "tool_calls", "{resp}");
     let call = &msg["tool_calls"][0];
     assert_eq!(call["function"]["name"], "bash");
     let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args, json!({"command": "ls -la", "timeout": 10}));
     // The harness echoes the call with re-serialized arguments (other key order, spacing).
-    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call["id"], "type": "function",
-        "function": {"name": "bash", "arguments": "{\"timeout\":10,\"command\":\"ls -la\"}"}}]}));
+    messages.push(
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": call["id"], "type": "function",
+        "function": {"name": "bash", "arguments": "{\"timeout\":10,\"command\":\"ls -la\"}"}}]}),
+    );
     messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "a.py\nb.py"}));
     let (status, resp) = post(&url, &json!({"messages": messages, "tools": bash_tool()})).await;
     assert_eq!(status, 200, "{resp}");
     assert_eq!(resp["choices"][0]["message"]["content"], "Done.");
     let gens = trial.generations();
-    assert_eq!(gens[0].tool_call_ids, vec![call["id"].as_str().unwrap().to_string()]);
-    assert_eq!(gens[1].prompt_mode, lego_rl::records::PromptMode::Faithful, "{:?}", gens[1].extra);
+    assert_eq!(
+        gens[0].tool_call_ids,
+        vec![call["id"].as_str().unwrap().to_string()]
+    );
+    assert_eq!(
+        gens[1].prompt_mode,
+        lego_rl::records::PromptMode::Faithful,
+        "{:?}",
+        gens[1].extra
+    );
     // Turn 2's prompt starts with exactly turn 1's prompt and sampled output tokens.
-    let first: Vec<u32> = gens[0].prompt_ids.iter().chain(&gens[0].output_ids).copied().collect();
+    let first: Vec<u32> = gens[0]
+        .prompt_ids
+        .iter()
+        .chain(&gens[0].output_ids)
+        .copied()
+        .collect();
     assert_eq!(&gens[1].prompt_ids[..first.len()], &first[..]);
     // Forced tokens still get their true log-probs.
     let again = recompute(&gens[1].prompt_ids, &gens[1].output_ids, gens[1].routing.as_ref());
@@ -145,16 +188,38 @@ async fn anthropic_stream_has_the_documented_event_order() {
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
         "thinking": {"type": "enabled", "budget_tokens": 1024}});
-    let r = reqwest::Client::new().post(format!("{base}/t/{token}/v1/messages?beta=true"))
-        .header("anthropic-version", "2023-06-01").json(&body).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{base}/t/{token}/v1/messages?beta=true"))
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
-    assert_eq!(events, ["message_start", "ping",
-        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
-        "content_block_start", "content_block_delta", "content_block_stop",
-        "message_delta", "message_stop"], "{text}");
-    assert!(text.contains("\"thinking_delta\"") && text.contains("\"signature_delta\"") && text.contains("\"input_json_delta\""));
+    assert_eq!(
+        events,
+        [
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("\"thinking_delta\"")
+            && text.contains("\"signature_delta\"")
+            && text.contains("\"input_json_delta\"")
+    );
     assert!(text.contains("\"stop_reason\":\"tool_use\""));
     let g = &trial.generations()[0];
     assert_eq!(g.api, "anthropic");
@@ -166,7 +231,11 @@ async fn tokens_limits_and_errors_use_each_apis_format() {
     let mut c = cfg();
     c.max_body_bytes = 4096;
     let (_proxy, base) = start(c).await;
-    let (s, v) = post(&format!("{base}/t/nope/v1/chat/completions"), &json!({"messages": []})).await;
+    let (s, v) = post(
+        &format!("{base}/t/nope/v1/chat/completions"),
+        &json!({"messages": []}),
+    )
+    .await;
     assert_eq!(s, 401);
     assert_eq!(v["error"]["code"], "invalid_api_key");
     let (s, v) = post(&format!("{base}/t/nope/v1/messages"), &json!({"messages": []})).await;
@@ -176,7 +245,11 @@ async fn tokens_limits_and_errors_use_each_apis_format() {
     // Plain paths need a token unless the proxy runs standalone.
     let (s, _) = post(&format!("{base}/v1/chat/completions"), &json!({"messages": []})).await;
     assert_eq!(s, 401);
-    let r = reqwest::Client::new().head(format!("{base}/")).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .head(format!("{base}/"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 }
 
@@ -187,7 +260,12 @@ async fn bad_bodies_get_400_and_413() {
     let (proxy, base) = start(c).await;
     let (token, _) = proxy.register_trial("t");
     let client = reqwest::Client::new();
-    let r = client.post(format!("{base}/t/{token}/v1/chat/completions")).body("{not json").send().await.unwrap();
+    let r = client
+        .post(format!("{base}/t/{token}/v1/chat/completions"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("not valid JSON"));
@@ -195,7 +273,11 @@ async fn bad_bodies_get_400_and_413() {
     let (s, v) = post(&format!("{base}/t/{token}/v1/messages"), &big).await;
     assert_eq!(s, 413, "{v}");
     assert_eq!(v["error"]["type"], "request_too_large");
-    let (s, v) = post(&format!("{base}/t/{token}/v1/chat/completions"), &json!({"messages": [{"role": "wizard", "content": "x"}]})).await;
+    let (s, v) = post(
+        &format!("{base}/t/{token}/v1/chat/completions"),
+        &json!({"messages": [{"role": "wizard", "content": "x"}]}),
+    )
+    .await;
     assert_eq!(s, 400, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("wizard"), "{v}");
 }
@@ -217,6 +299,7 @@ async fn every_captured_harness_request_is_answered() {
     assert!(files.len() >= 6, "{files:?}");
     let client = reqwest::Client::new();
     let mut answered = 0;
+    let mut too_long = 0;
     for f in files {
         for line in std::fs::read_to_string(&f).unwrap().lines() {
             let req: Value = serde_json::from_str(line).unwrap();
@@ -226,11 +309,31 @@ async fn every_captured_harness_request_is_answered() {
             let r = match method {
                 "HEAD" => client.head(&url).send().await.unwrap(),
                 "GET" => client.get(&url).send().await.unwrap(),
-                _ => client.post(&url).header("content-type", "application/json")
-                    .body(req["body_raw"].as_str().unwrap().to_string()).send().await.unwrap(),
+                _ => client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(req["body_raw"].as_str().unwrap().to_string())
+                    .send()
+                    .await
+                    .unwrap(),
             };
-            assert_eq!(r.status(), 200, "{} {path} from {}", method, f.display());
+            let status = r.status().as_u16();
             let text = r.text().await.unwrap();
+            if status == 400 && method == "POST" {
+                // Longer than the tiny model's 4096-token context: refused up front, in the API's format.
+                let v: Value = serde_json::from_str(&text).unwrap();
+                let msg = if path.contains("/messages") {
+                    assert_eq!(v["type"], "error", "{v}");
+                    v["error"]["message"].as_str().unwrap().to_string()
+                } else {
+                    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+                    v["error"]["message"].as_str().unwrap().to_string()
+                };
+                assert!(msg.contains("context"), "{msg}");
+                too_long += 1;
+                continue;
+            }
+            assert_eq!(status, 200, "{} {path} from {}: {text}", method, f.display());
             if method == "POST" {
                 let streaming = req["body"]["stream"].as_bool().unwrap_or(false);
                 if streaming {
@@ -242,13 +345,19 @@ async fn every_captured_harness_request_is_answered() {
                     }
                 } else {
                     let v: Value = serde_json::from_str(&text).unwrap();
-                    assert!(v["choices"][0]["message"].is_object() || v["content"].is_array(), "{v}");
+                    assert!(
+                        v["choices"][0]["message"].is_object() || v["content"].is_array(),
+                        "{v}"
+                    );
                 }
                 answered += 1;
             }
         }
     }
-    assert!(answered >= 20, "{answered}");
+    assert!(
+        answered >= 10 && answered + too_long >= 30,
+        "{answered} answered, {too_long} over the context"
+    );
     assert_eq!(trial.generations().len(), answered);
 }
 
