@@ -169,5 +169,4 @@ impl Proxy {
     }
 }
 
-#[cfg(test)]
-mod tests;
+// Tests: tests/it/proxy.rs drives the server over HTTP with the embedded engine.
