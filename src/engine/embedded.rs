@@ -62,6 +62,20 @@ impl EmbeddedBackend {
         })
     }
 
+    /// Sends one message to the worker and waits for its answer.
+    async fn ask<T>(
+        &self,
+        msg: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, EngineError>>) -> Msg,
+    ) -> Result<T, EngineError> {
+        let worker_gone = || EngineError::Failed {
+            backend: NAME,
+            msg: "engine worker stopped".into(),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(msg(tx)).map_err(|_| worker_gone())?;
+        rx.await.map_err(|_| worker_gone())?
+    }
+
     /// The routing shape of the loaded model (None for dense models).
     pub fn routing_shape(&self) -> Option<RoutingShape> {
         self.shape
@@ -85,37 +99,14 @@ impl Backend for EmbeddedBackend {
                     context: self.context,
                 });
             }
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.tx
-                .send(Msg::Generate(req, tx))
-                .map_err(|_| EngineError::Failed {
-                    backend: NAME,
-                    msg: "engine worker stopped".into(),
-                })?;
-            rx.await.map_err(|_| EngineError::Failed {
-                backend: NAME,
-                msg: "engine worker dropped the request".into(),
-            })?
+            self.ask(|tx| Msg::Generate(req, tx)).await
         }
         .boxed()
     }
 
     fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<(), EngineError>> {
         let dir = checkpoint_dir.to_path_buf();
-        async move {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.tx
-                .send(Msg::Reload(dir, tx))
-                .map_err(|_| EngineError::Failed {
-                    backend: NAME,
-                    msg: "engine worker stopped".into(),
-                })?;
-            rx.await.map_err(|_| EngineError::Failed {
-                backend: NAME,
-                msg: "engine worker dropped the reload".into(),
-            })?
-        }
-        .boxed()
+        async move { self.ask(|tx| Msg::Reload(dir, tx)).await }.boxed()
     }
 }
 
