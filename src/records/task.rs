@@ -147,6 +147,32 @@ impl Task {
     }
 }
 
+impl Task {
+    /// Resolves the relative paths of this task (build context, repository bundle or tarball,
+    /// Harbor tests dir) against `dir`, the directory of the file it was read from, so the record
+    /// stays valid when written elsewhere (e.g. into a run directory). Returns whether any changed.
+    pub fn absolutize_paths(&mut self, dir: &std::path::Path) -> bool {
+        let mut changed = false;
+        let mut fix = |p: &mut String| {
+            if !p.is_empty() && std::path::Path::new(p.as_str()).is_relative() {
+                *p = dir.join(p.as_str()).display().to_string();
+                changed = true;
+            }
+        };
+        if let Some(c) = self.environment.context.as_mut() {
+            fix(c);
+        }
+        match self.environment.repo_source.as_mut() {
+            Some(RepoSource::Bundle { path }) | Some(RepoSource::Tarball { path }) => fix(path),
+            _ => {}
+        }
+        if let Some(Grader::Harbor { tests_dir }) = self.grader.as_mut() {
+            fix(tests_dir);
+        }
+        changed
+    }
+}
+
 /// filter-tasks' decision on one task (`lego-rl/task-decision/v1`).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct TaskDecision {

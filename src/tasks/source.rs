@@ -17,15 +17,16 @@ use crate::records::{check_schema, Task};
 pub enum Parsed<'a> {
     /// A SWE-bench line (its raw fields): converted to a `Task` only when kept.
     Swebench(Facts, Fields<'a>),
-    /// A lego-rl task record (from JSONL) or a Harbor directory.
-    Task(Box<Task>, Facts),
+    /// A lego-rl task record (from JSONL) or a Harbor directory; the flag says its relative
+    /// paths were resolved (so the record must be re-serialised rather than passed through).
+    Task(Box<Task>, Facts, bool),
 }
 
 impl Parsed<'_> {
     /// The facts the stages decide on.
     pub fn facts(&self) -> &Facts {
         match self {
-            Parsed::Swebench(f, _) | Parsed::Task(_, f) => f,
+            Parsed::Swebench(f, _) | Parsed::Task(_, f, _) => f,
         }
     }
 }
@@ -34,7 +35,7 @@ impl Parsed<'_> {
 pub fn parse_record<'a>(path: &Path, line: u64, text: &'a str) -> Result<Parsed<'a>, TaskError> {
     let fields = parse_fields(path, line, text)?;
     if fields.get("schema").is_some() {
-        let task: Task = serde_json::from_str(text).map_err(|e| TaskError::BadTaskRecord {
+        let mut task: Task = serde_json::from_str(text).map_err(|e| TaskError::BadTaskRecord {
             path: path.to_path_buf(),
             line,
             msg: e.to_string(),
@@ -52,8 +53,16 @@ pub fn parse_record<'a>(path: &Path, line: u64, text: &'a str) -> Result<Parsed<
                 msg: "is empty".into(),
             });
         }
+        // Relative paths are relative to the file the record came from; make them absolute so
+        // the kept record works from wherever it is written (the run directory).
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+        let rewritten = task.absolutize_paths(&dir);
         let facts = Facts::of_task(&task);
-        return Ok(Parsed::Task(Box::new(task), facts));
+        return Ok(Parsed::Task(Box::new(task), facts, rewritten));
     }
     let facts = swebench_facts(path, line, &fields)?;
     Ok(Parsed::Swebench(facts, fields))
@@ -77,8 +86,8 @@ pub fn render(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed<'_>) -
             })?;
             v
         }
-        (Parsed::Task(_, _), Some(text)) => text.trim_end().as_bytes().to_vec(),
-        (Parsed::Task(task, _), None) => ser(task)?,
+        (Parsed::Task(_, _, false), Some(text)) => text.trim_end().as_bytes().to_vec(),
+        (Parsed::Task(task, _, _), _) => ser(task)?,
     };
     out.push(b'\n');
     Ok(out)

@@ -364,7 +364,14 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                     let ev = match harbor::load(&d) {
                         Ok(task) => {
                             let facts = crate::tasks::facts::Facts::of_task(&task);
-                            evaluate(s, want, &d, 0, None, Ok(Parsed::Task(Box::new(task), facts)))
+                            evaluate(
+                                s,
+                                want,
+                                &d,
+                                0,
+                                None,
+                                Ok(Parsed::Task(Box::new(task), facts, false)),
+                            )
                         }
                         Err(e) => Eval::Bad(e),
                     };

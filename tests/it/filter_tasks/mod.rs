@@ -329,3 +329,44 @@ fn output_is_deterministic_and_stdout_carries_only_tasks() {
     filter(&real_pool(), &["-o", b.to_str().unwrap()]);
     assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
 }
+
+/// Regression: relative paths in task records (repo bundles, Harbor tests) pointed nowhere once
+/// filter-tasks wrote the kept tasks into a run directory, so build-images failed on every task.
+#[test]
+fn kept_task_records_carry_paths_that_resolve_from_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("kept.jsonl");
+    let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/tasks/tasks.jsonl");
+    let run = lego()
+        .args(["filter-tasks", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{run:?}");
+    let kept: Vec<lego_rl::records::Task> = lego_rl::io::read_all(
+        &out,
+        lego_rl::io::ReadOptions {
+            strict: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(kept.len(), 8);
+    let mut checked = 0;
+    for t in &kept {
+        if let Some(lego_rl::records::RepoSource::Bundle { path }) = &t.environment.repo_source {
+            assert!(
+                Path::new(path).is_absolute() && Path::new(path).is_file(),
+                "{path}"
+            );
+            checked += 1;
+        }
+        if let Some(c) = &t.environment.context {
+            assert!(Path::new(c).is_absolute() && Path::new(c).is_dir(), "{c}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "{checked}");
+}
