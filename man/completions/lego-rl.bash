@@ -511,7 +511,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__train__subcmd__step)
-            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --max-grad-norm --tis-cap --seed --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --max-grad-norm --tis-cap --seed --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -78,6 +78,10 @@ pub struct TrainStepArgs {
     /// Tokens per packed micro-batch (gradient accumulation over micro-batches).
     #[arg(long, default_value_t = 8192)]
     pub micro_batch_tokens: usize,
+    /// Recompute each layer's activations in the backward pass (per-layer activation
+    /// checkpointing): activation memory of one layer instead of all, for one more forward pass.
+    #[arg(long)]
+    pub activation_checkpointing: bool,
     /// Gradient-norm clip (0 = off).
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
@@ -104,6 +108,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         eps_high: args.eps_high,
         updates: args.updates.max(1),
         micro_batch_tokens: args.micro_batch_tokens.max(1),
+        activation_checkpointing: args.activation_checkpointing,
         max_grad_norm: args.max_grad_norm,
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,

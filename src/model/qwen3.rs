@@ -10,7 +10,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::layers::{rope_tables, Attention, AttnMask, KvCache, Mlp, RmsNorm, INIT_STD};
-use super::moe::SparseMoe;
+use super::moe::{MoeRouting, SparseMoe};
 use super::Config;
 
 /// Most positions per call whose entropy [`CausalLm::next_token_logprobs`] computes (×2).
@@ -50,6 +50,33 @@ impl DecoderLayer {
             ),
             mlp,
         }
+    }
+
+    /// `x + attn(norm(x))`, then `+ mlp(norm(·))`; the routing when the layer is MoE (`replay`:
+    /// this layer's `[T, k]` recorded expert ids).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &AttnMask,
+        slot: Option<&mut Option<(Tensor, Tensor)>>,
+        replay: Option<&Tensor>,
+    ) -> (Tensor, Option<MoeRouting>) {
+        let h = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x), cos, sin, mask, slot);
+        // Out of place: autograd saved `x` for the norm's backward (`+=` would be in place).
+        let x = x + h;
+        let hn = self.post_attention_layernorm.forward(&x);
+        let (h, routing) = match &self.mlp {
+            FeedForward::Dense(mlp) => (mlp.forward(&hn), None),
+            FeedForward::Moe(moe) => {
+                let (out, routing) = moe.forward(&hn, replay);
+                (out, Some(routing))
+            }
+        };
+        (&x + h, routing)
     }
 }
 
@@ -139,24 +166,13 @@ impl CausalLm {
         let mut own = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| c.slot(i));
-            let h =
-                layer
-                    .self_attn
-                    .forward(&layer.input_layernorm.forward(&x), &cos, &sin, &input.mask, slot);
-            // Out of place: autograd saved `x` for the norm's backward (`+=` would be in place).
-            x = &x + h;
-            let hn = layer.post_attention_layernorm.forward(&x);
-            let h = match &layer.mlp {
-                FeedForward::Dense(mlp) => mlp.forward(&hn),
-                FeedForward::Moe(moe) => {
-                    let replay = input.replay.map(|r| r.select(1, used.len() as i64));
-                    let (out, routing) = moe.forward(&hn, replay.as_ref());
-                    used.push(routing.used);
-                    own.push(routing.own);
-                    out
-                }
-            };
-            x = &x + h;
+            let replay = input.replay.map(|r| r.select(1, used.len() as i64));
+            let (y, routing) = layer.forward(&x, &cos, &sin, &input.mask, slot, replay.as_ref());
+            x = y;
+            if let Some(r) = routing {
+                used.push(r.used);
+                own.push(r.own);
+            }
         }
         let hidden = self.norm.forward(&x);
         let stack = |v: Vec<Tensor>| (!v.is_empty()).then(|| Tensor::stack(&v, 1));
@@ -164,6 +180,66 @@ impl CausalLm {
             hidden,
             routing: stack(used),
             router_topk: stack(own),
+        }
+    }
+
+    /// Backward of `head(hidden)` (a scalar) through the decoder with per-layer activation
+    /// checkpointing: the forward pass runs without a graph and keeps only each layer's input;
+    /// the backward pass recomputes one layer at a time from its input and back-propagates the
+    /// incoming gradient through it, so at most one layer's activations are alive. Parameter
+    /// gradients accumulate exactly as with `forward(..).hidden` + `backward()` (same
+    /// arithmetic, recomputed; MoE layers recompute with the same replayed routing, so the
+    /// expert choice cannot differ). Returns `head`'s value (detached).
+    pub fn backward_checkpointed(
+        &self,
+        input: &ForwardInput,
+        head: impl FnOnce(&Tensor) -> Tensor,
+    ) -> Tensor {
+        let (cos, sin, inputs, last) = {
+            let _g = tch::no_grad_guard();
+            let mut x = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
+            let (cos, sin) = rope_tables(&self.cfg, input.positions, x.kind());
+            let mut inputs = Vec::with_capacity(self.layers.len());
+            let mut moe = 0;
+            for layer in &self.layers {
+                let replay = self.replay_slice(layer, input, &mut moe);
+                let (y, _) = layer.forward(&x, &cos, &sin, &input.mask, None, replay.as_ref());
+                inputs.push(x);
+                x = y;
+            }
+            (cos, sin, inputs, x)
+        };
+        let leaf = last.detach().set_requires_grad(true);
+        let value = head(&self.norm.forward(&leaf));
+        value.backward();
+        let mut grad = leaf.grad();
+        let mut moe = self.moe_layers();
+        for (layer, x) in self.layers.iter().zip(inputs).rev() {
+            let replay = match layer.mlp {
+                FeedForward::Moe(_) => {
+                    moe -= 1;
+                    input.replay.map(|r| r.select(1, moe as i64))
+                }
+                FeedForward::Dense(_) => None,
+            };
+            let x = x.set_requires_grad(true);
+            let (y, _) = layer.forward(&x, &cos, &sin, &input.mask, None, replay.as_ref());
+            (y * &grad).sum(Kind::Float).backward();
+            grad = x.grad();
+        }
+        let emb = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
+        (emb * grad).sum(Kind::Float).backward();
+        value.detach()
+    }
+
+    fn replay_slice(&self, layer: &DecoderLayer, input: &ForwardInput, moe: &mut usize) -> Option<Tensor> {
+        match layer.mlp {
+            FeedForward::Moe(_) => {
+                let r = input.replay.map(|r| r.select(1, *moe as i64));
+                *moe += 1;
+                r
+            }
+            FeedForward::Dense(_) => None,
         }
     }
 

@@ -33,6 +33,9 @@ pub struct Settings {
     pub updates: usize,
     /// Token budget of one packed micro-batch.
     pub micro_batch_tokens: usize,
+    /// Recompute each decoder layer in the backward pass instead of keeping its activations
+    /// (long contexts: memory of one layer instead of all; costs one more forward).
+    pub activation_checkpointing: bool,
     pub max_grad_norm: f64,
     /// Truncated importance-sampling cap on π_old/π_rollout per token (None = off).
     pub tis_cap: Option<f64>,
@@ -49,6 +52,7 @@ impl Default for Settings {
             eps_high: 4e-4,
             updates: 1,
             micro_batch_tokens: 8192,
+            activation_checkpointing: false,
             max_grad_norm: 1.0,
             tis_cap: None,
             adv_eps: 1e-6,
@@ -85,6 +89,30 @@ pub struct Trainer {
 }
 
 /// Per-micro-batch results of a forward.
+struct MbInputs {
+    tokens: Tensor,
+    positions: Tensor,
+    /// Positions whose next token is scored, and those next tokens.
+    at: Tensor,
+    next: Tensor,
+    /// Block-diagonal mask when several sequences are packed.
+    mask: Option<Tensor>,
+    replay: Option<Tensor>,
+    /// (offset, rows) of each sequence's recorded routing.
+    recorded_rows: Vec<(i64, i64)>,
+}
+
+impl MbInputs {
+    fn forward_input(&self) -> ForwardInput<'_> {
+        ForwardInput {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            mask: self.mask.as_ref().map_or(AttnMask::Causal, AttnMask::Packed),
+            replay: self.replay.as_ref(),
+        }
+    }
+}
+
 struct MbOut {
     /// Log-probs of the policy tokens, sequences in micro-batch order.
     lp: Tensor,
@@ -170,7 +198,8 @@ impl Trainer {
     }
 
     /// Forward of one micro-batch (sequences packed into one row).
-    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool) -> MbOut {
+    /// The packed input tensors of micro-batch `mb`.
+    fn inputs(&self, batch: &Batch, mb: &[usize]) -> MbInputs {
         let dev = self.model.device();
         let moe_l = self.model.lm.moe_layers() as i64;
         let k = self.model.cfg().num_experts_per_tok;
@@ -214,6 +243,27 @@ impl Trainer {
                 .to_device(dev)
                 .view([total as i64, moe_l, k])
         });
+        MbInputs {
+            tokens,
+            positions,
+            at: at_t,
+            next,
+            mask,
+            replay: replay_t,
+            recorded_rows,
+        }
+    }
+
+    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool) -> MbOut {
+        let MbInputs {
+            tokens,
+            positions,
+            at: at_t,
+            next,
+            mask,
+            replay: replay_t,
+            recorded_rows,
+        } = self.inputs(batch, mb);
         let out = self.model.lm.forward(
             &ForwardInput {
                 tokens: &tokens,
@@ -367,11 +417,20 @@ impl Trainer {
                 if coef.iter().all(|&c| c == 0.0) {
                     continue;
                 }
-                let out = self.forward(&batch, &mb, false);
                 let coef = Tensor::from_slice(&coef)
-                    .to_device(out.lp.device())
+                    .to_device(self.model.device())
                     .to_kind(Kind::Float);
-                (out.lp * coef).sum(Kind::Float).backward();
+                if s.activation_checkpointing {
+                    let inp = self.inputs(&batch, &mb);
+                    let lm = &self.model.lm;
+                    let _loss = lm.backward_checkpointed(&inp.forward_input(), |hidden| {
+                        let (lp, _) = lm.next_token_logprobs(hidden, &inp.at, &inp.next, false);
+                        (lp * &coef).sum(Kind::Float)
+                    });
+                } else {
+                    let out = self.forward(&batch, &mb, false);
+                    (out.lp * coef).sum(Kind::Float).backward();
+                }
             }
             let norm = grad_norm(&params);
             if !norm.is_finite() {
