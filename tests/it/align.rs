@@ -328,6 +328,11 @@ async fn scripted_harness_captures_align_token_exactly_and_replay_matches_the_tr
         .unwrap();
     assert_eq!(metrics.policy_tokens, all.policy_tokens);
     let diff = metrics.logprob_max_abs_diff.unwrap();
+    eprintln!(
+        "align totals: {}\ntrainer vs rollout: max |Δ logprob| = {diff:e}, expert overlap {:?}",
+        serde_json::to_string(&all).unwrap(),
+        metrics.expert_overlap
+    );
     assert!(diff < 1e-4, "trainer vs rollout log-probs differ by {diff}");
     // The trainer's own router agrees with the replayed (recorded) routing.
     assert!(
