@@ -29,7 +29,7 @@ pub use trajectory::align_trajectory;
 
 use crate::chat::ChatFormat;
 use crate::io::{open_records, AtomicWriter, IoError, ReadOptions};
-use crate::records::{AlignStats, Record, Sample, Trajectory};
+use crate::records::{AlignStats, Record, Trajectory};
 
 /// Errors of align; each names the file, record, trajectory and field involved.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +141,11 @@ pub fn run(files: &Files, settings: &Settings, opts: RunOptions) -> Result<Align
             jobs,
             msg: e.to_string(),
         })?;
-    pool.install(|| run_in_pool(files, settings, opts, jobs))
+    // The writers are created outside the pool: their compression threads follow the global
+    // pool, so the compressed bytes do not depend on `-j`.
+    let out = AtomicWriter::create(&files.output)?;
+    let stats_out = files.stats.as_deref().map(AtomicWriter::create).transpose()?;
+    pool.install(|| run_in_pool(files, settings, opts, jobs, out, stats_out))
 }
 
 fn run_in_pool(
@@ -149,9 +153,9 @@ fn run_in_pool(
     settings: &Settings,
     opts: RunOptions,
     jobs: usize,
+    mut out: AtomicWriter,
+    mut stats_out: Option<AtomicWriter>,
 ) -> Result<AlignStats, AlignError> {
-    let mut out = AtomicWriter::create(&files.output)?;
-    let mut stats_out = files.stats.as_deref().map(AtomicWriter::create).transpose()?;
     let mut total = AlignStats {
         schema: AlignStats::SCHEMA.to_string(),
         ..Default::default()
@@ -178,21 +182,29 @@ fn run_in_pool(
             if chunk.is_empty() {
                 break;
             }
-            let aligned: Vec<Result<(Vec<Sample>, AlignStats), AlignError>> = chunk
+            // Alignment and serialization in parallel; writing in input order.
+            let aligned: Vec<Result<(Vec<u8>, AlignStats), AlignError>> = chunk
                 .par_iter()
                 .map(|(rec, t)| {
-                    align_trajectory(t, settings).map_err(|e| AlignError::InRecord {
+                    let in_record = |e| AlignError::InRecord {
                         path: path.clone(),
                         record: *rec,
                         source: Box::new(e),
-                    })
+                    };
+                    let (samples, st) = align_trajectory(t, settings).map_err(in_record)?;
+                    let mut lines = Vec::new();
+                    for sample in &samples {
+                        serde_json::to_writer(&mut lines, sample).map_err(|e| {
+                            in_record(AlignError::Invariant(format!("serializing a sample: {e}")))
+                        })?;
+                        lines.push(b'\n');
+                    }
+                    Ok((lines, st))
                 })
                 .collect();
             for a in aligned {
-                let (samples, st) = a?;
-                for sample in &samples {
-                    out.write(sample)?;
-                }
+                let (lines, st) = a?;
+                out.write_raw(&lines)?;
                 add_stats(&mut total, &st);
                 if let Some(w) = stats_out.as_mut() {
                     w.write(&st)?;

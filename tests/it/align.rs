@@ -191,6 +191,41 @@ async fn scripted_harness_captures_align_token_exactly_and_replay_matches_the_tr
     assert_eq!(bytes("s2.jsonl.zst"), bytes("s3.jsonl.zst"));
     assert_eq!(bytes("st1.jsonl.zst"), bytes("st2.jsonl.zst"));
 
+    // Also at a size where compression runs in several frames and -j splits the work into
+    // many chunks (a regression: the compressor's threads once followed -j).
+    let big = p("big.jsonl.zst");
+    let mut w = AtomicWriter::create(&big).unwrap();
+    for k in 0..300 {
+        for t in &trajs {
+            let mut t = t.clone();
+            t.task_id = format!("calc-{k}");
+            t.id = Trajectory::make_id(&t.task_id, 0, t.sample_index);
+            w.write(&t).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    align(&[
+        "-i",
+        &s(&big),
+        "-o",
+        &s(&p("b1.jsonl.zst")),
+        "--model",
+        &model,
+        "-j",
+        "1",
+    ]);
+    align(&[
+        "-i",
+        &s(&big),
+        "-o",
+        &s(&p("b2.jsonl.zst")),
+        "--model",
+        &model,
+        "-j",
+        "2",
+    ]);
+    assert_eq!(bytes("b1.jsonl.zst"), bytes("b2.jsonl.zst"));
+
     let samples: Vec<Sample> = read_all(&p("s1.jsonl.zst"), ReadOptions::default()).unwrap();
     let per_traj: Vec<AlignStats> = read_all(&p("st1.jsonl.zst"), ReadOptions::default()).unwrap();
     assert_eq!(per_traj.len(), 3);
