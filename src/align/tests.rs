@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::chat::{Conversation, Message, Role};
-use crate::records::{Generation, Packed, Termination};
+use crate::records::{Generation, Packed, Sample, Termination};
 
 fn trajectory(generations: Vec<Generation>) -> Trajectory {
     Trajectory {
