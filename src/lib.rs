@@ -4,6 +4,7 @@
 //! Each arrow is a zstd JSONL file of [`records`], read and written through [`io`]; each
 //! subcommand in [`cmd`] is a thin layer over one library module.
 
+pub mod align;
 pub mod chat;
 pub mod cli;
 pub mod cmd;

@@ -91,7 +91,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__align)
-            opts="-i -o -v -q -h -V --input --output --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --output --stats --match --model --jobs --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -110,6 +110,26 @@ _lego__rl() {
                     return 0
                     ;;
                 -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --stats)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --match)
+                    COMPREPLY=($(compgen -W "strict loose-tool-args content-only" -- "${cur}"))
+                    return 0
+                    ;;
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --jobs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -j)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -102,8 +102,14 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l no-progress 
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s i -l input -d 'Trajectories (zstd JSONL)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s i -l input -d 'Trajectories (zstd JSONL); several files are read in order' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s o -l output -d 'Samples (zstd JSONL)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -l stats -d 'Alignment statistics: one record per trajectory, then the total' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -l match -d 'How an echoed assistant turn is compared with its captured generation' -r -f -a "strict\t'Tool-call ids link turns; without ids, text and tool arguments must match exactly'
+loose-tool-args\t'Like strict, but tool arguments are compared as normalized JSON (key order, whitespace)'
+content-only\t'Tool-call ids are ignored; text and tool arguments must match exactly'"
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -l model -d 'Model folder with tokenizer.json (the policy\'s): decodes captured outputs so echoed turns are compared by content too (and re-serializations counted); without it turns link by tool-call id and by the proxy\'s token splice only' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s j -l jobs -d 'Worker threads (trajectories are aligned in parallel) [default: the available cores]' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
 
-use super::{NotImplemented, Outcome};
+use super::Outcome;
+use crate::align::{Files, MatchMode, RunOptions, Settings};
 use crate::cli::GlobalArgs;
 
 /// Align trajectories into token-exact training samples.
@@ -12,22 +14,71 @@ use crate::cli::GlobalArgs;
 /// System, user and tool-result messages must match verbatim between consecutive requests of a
 /// thread; assistant turns link to their captured generation by tool-call id, else by exact
 /// content. Samples use the captured tokens only; what cannot be aligned is dropped and counted.
+/// Threads (main agent, side requests, sub-agents) and segments (a rewritten or compacted
+/// history starts one) each give their own samples; a generation shared by several segments is
+/// trained once. Output is in input order and identical for every `-j`.
 ///
 /// Example:
-///   lego-rl align -i run/trajectories/step-000000.jsonl.zst -o run/samples/step-000000.jsonl.zst
+///   lego-rl align -i run/trajectories/step-000000.jsonl.zst -o run/samples/step-000000.jsonl.zst \
+///     --stats run/samples/step-000000.stats.jsonl.zst --model run/checkpoints/step-000000
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
 pub struct AlignArgs {
-    /// Trajectories (zstd JSONL).
-    #[arg(short, long, default_value = "-")]
-    pub input: PathBuf,
+    /// Trajectories (zstd JSONL); several files are read in order.
+    #[arg(short, long, num_args = 1.., default_value = "-")]
+    pub input: Vec<PathBuf>,
     /// Samples (zstd JSONL).
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
+    /// Alignment statistics: one record per trajectory, then the total.
+    #[arg(long, value_name = "FILE")]
+    pub stats: Option<PathBuf>,
+    /// How an echoed assistant turn is compared with its captured generation.
+    #[arg(long = "match", value_enum, default_value_t = MatchMode::Strict)]
+    pub match_mode: MatchMode,
+    /// Model folder with tokenizer.json (the policy's): decodes captured outputs so echoed turns
+    /// are compared by content too (and re-serializations counted); without it turns link by
+    /// tool-call id and by the proxy's token splice only.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Worker threads (trajectories are aligned in parallel) [default: the available cores].
+    #[arg(short, long)]
+    pub jobs: Option<usize>,
 }
 
 /// Runs `align`.
-pub fn run(_args: AlignArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    Err(NotImplemented("align").into())
+pub fn run(args: AlignArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    if args.input.iter().filter(|p| crate::io::is_stdio(p)).count() > 1 {
+        anyhow::bail!("stdin (`-`) can be given once as input");
+    }
+    let settings = Settings::new(args.match_mode, args.model.as_deref())?;
+    let files = Files {
+        inputs: args.input,
+        output: args.output,
+        stats: args.stats,
+    };
+    let total = crate::align::run(
+        &files,
+        &settings,
+        RunOptions {
+            jobs: args
+                .jobs
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+                .max(1),
+            read: global.read_options(),
+            progress: crate::ui::progress_enabled(global),
+        },
+    )
+    .with_context(|| format!("aligning into {}", files.output.display()))?;
+    tracing::info!(
+        trajectories = total.trajectories,
+        samples = total.samples,
+        aligned_turns = total.aligned_turns,
+        dropped_turns = total.dropped_turns,
+        tool_call_mismatches = total.tool_call_mismatches,
+        resolved_by_id = total.mismatches_resolved_by_id,
+        "aligned"
+    );
+    Ok(Outcome::Ok)
 }

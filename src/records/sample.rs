@@ -113,6 +113,22 @@ pub struct AlignStats {
     pub tool_call_mismatches: u64,
     /// Of those, how many the tool-call-id linkage resolved.
     pub mismatches_resolved_by_id: u64,
-    /// Samples whose tokens equal the engine's prompts token for token.
+    /// Samples whose tokens equal the engine's prompts token for token (align builds samples
+    /// from captured tokens only and checks every one, so this equals `samples`).
     pub token_exact_samples: u64,
+    /// Why a thread started a new segment: `history_rewritten` (compaction, condensation),
+    /// `prompt_not_token_continuation` (same conversation, but the engine saw a re-rendered
+    /// history), `branch` (a second continuation of one generation).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub segment_breaks: BTreeMap<String, u64>,
+    /// Messages (and the answer) of a thread's latest request that a rewritten history dropped.
+    #[serde(default)]
+    pub compacted_messages: u64,
+    /// Assistant messages in requests that no captured generation produced (written by the
+    /// harness, e.g. a compaction summary); context only, never trained.
+    #[serde(default)]
+    pub unlinked_assistant_messages: u64,
+    /// Samples left without routing because some position had none recorded.
+    #[serde(default)]
+    pub samples_without_routing: u64,
 }

@@ -176,10 +176,13 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             dropped_turns: 1,
             policy_tokens: 5000,
             dropped_tokens: 120,
-            dropped_by_reason: BTreeMap::from([("unmatched_assistant".into(), 1)]),
+            dropped_by_reason: BTreeMap::from([("status:client_disconnected".into(), 1)]),
             tool_call_mismatches: 3,
             mismatches_resolved_by_id: 3,
             token_exact_samples: 10,
+            segment_breaks: BTreeMap::from([("history_rewritten".into(), 1)]),
+            compacted_messages: 6,
+            unlinked_assistant_messages: 1,
             ..Default::default()
         })
     );

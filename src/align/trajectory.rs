@@ -1,0 +1,456 @@
+//! One trajectory → threads → segments (a tree of captured generations) → samples + stats.
+//!
+//! Two relations are computed between the trial's generations, in request order:
+//! - **message parent** (threads): request j extends request i when i's messages are a prefix of
+//!   j's under [`same_message`] and the message after that prefix is i's answer, linked by
+//!   [`link`]. A request that extends none either rewrites the history of the thread whose
+//!   system prompt it shares (compaction, condensation: a new segment there) or opens a new
+//!   thread (side requests, sub-agents).
+//! - **token parent** (segments): the message parent, when j's captured prompt starts with i's
+//!   prompt + output token for token (the proxy's faithful splice). Otherwise j starts a new
+//!   segment (the engine saw a re-rendered history, not i's tokens).
+//!
+//! Token parents form a forest; each leaf gives one sample: the leaf's prompt + output, loss
+//! mask 1 on the outputs of the generations on its path that no earlier sample trained (a node
+//! shared by branches is trained once), their rollout log-probs, and routing per position taken
+//! from the deepest generation that recorded it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::messages::{common_prefix, link, same_message, Link};
+use super::{AlignError, Settings};
+use crate::chat::{parse, Conversation, Message, Role, ToolCallIds};
+use crate::records::{AlignStats, Generation, LossMask, Packed, Record, Sample, Trajectory};
+
+/// A generation's recorded routing, decoded.
+struct Routing {
+    start: usize,
+    rows: usize,
+    /// layers × top_k
+    layers: usize,
+    top_k: usize,
+    ids: Vec<u16>,
+}
+
+/// A usable generation with what alignment needs.
+struct Node<'a> {
+    g: &'a Generation,
+    conv: Conversation,
+    captured: Option<Message>,
+    logprobs: Vec<f32>,
+    routing: Option<Routing>,
+    /// Provisional thread (renumbered at the end).
+    thread: usize,
+    token_parent: Option<usize>,
+    children: usize,
+}
+
+impl Node<'_> {
+    fn seq_len(&self) -> usize {
+        self.g.prompt_ids.len() + self.g.output_ids.len()
+    }
+}
+
+fn bad(t: &Trajectory, pos: usize, field: &str, msg: impl Into<String>) -> AlignError {
+    AlignError::BadGeneration {
+        trajectory: t.id.clone(),
+        position: pos,
+        index: t.generations.get(pos).map_or(0, |g| g.index),
+        field: field.to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// Whether `j`'s prompt continues `i`'s prompt + output token for token.
+fn tokens_chain(i: &Generation, j: &Generation) -> bool {
+    let (p, o) = (i.prompt_ids.len(), i.output_ids.len());
+    let q = &j.prompt_ids;
+    // The output part first: it differs soonest between unrelated generations.
+    q.len() > p + o && q[p..p + o] == i.output_ids[..] && q[..p] == i.prompt_ids[..]
+}
+
+fn decode_routing(t: &Trajectory, pos: usize, g: &Generation) -> Result<Option<Routing>, AlignError> {
+    let Some(r) = &g.routing else { return Ok(None) };
+    if r.shape.len() != 3 {
+        return Err(bad(
+            t,
+            pos,
+            "routing.shape",
+            format!("{:?} is not [tokens, layers, top_k]", r.shape),
+        ));
+    }
+    let ids = r
+        .to_experts()
+        .map_err(|e| bad(t, pos, "routing", e.to_string()))?;
+    let start = match g.extra.get("routing_start") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| bad(t, pos, "extra.routing_start", format!("{v} is not a position")))?
+            as usize,
+    };
+    let total = g.prompt_ids.len() + g.output_ids.len();
+    if start + r.shape[0] > total {
+        return Err(bad(
+            t,
+            pos,
+            "routing.shape",
+            format!(
+                "covers positions {start}..{} but prompt + output has {total}",
+                start + r.shape[0]
+            ),
+        ));
+    }
+    Ok(Some(Routing {
+        start,
+        rows: r.shape[0],
+        layers: r.shape[1],
+        top_k: r.shape[2],
+        ids,
+    }))
+}
+
+/// The generation's output as the proxy returned it (reasoning, text, calls with its ids).
+fn decode_captured(
+    chat: &crate::chat::ChatFormat,
+    t: &Trajectory,
+    pos: usize,
+    g: &Generation,
+    conv: &Conversation,
+) -> Result<Message, AlignError> {
+    let tail = &g.prompt_ids[g.prompt_ids.len().saturating_sub(64)..];
+    let prompt_tail = chat
+        .decode(tail, false)
+        .map_err(|e| bad(t, pos, "prompt_ids", e.to_string()))?;
+    let parsed = chat
+        .parse_output(
+            &g.output_ids,
+            ToolCallIds::new(t.id.clone(), g.index as u64),
+            parse::ends_inside_think(&prompt_tail),
+            &conv.tools,
+        )
+        .map_err(|e| bad(t, pos, "output_ids", e.to_string()))?;
+    let mut m = parsed.to_message();
+    // The ids the proxy actually handed out are recorded; they win over recomputed ones.
+    for (c, id) in m.tool_calls.iter_mut().zip(&g.tool_call_ids) {
+        c.id = id.clone();
+    }
+    Ok(m)
+}
+
+fn drop_turn(stats: &mut AlignStats, reason: &str, tokens: usize) {
+    stats.dropped_turns += 1;
+    stats.dropped_tokens += tokens as u64;
+    *stats.dropped_by_reason.entry(reason.to_string()).or_default() += 1;
+}
+
+/// Aligns one trajectory.
+pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, AlignStats), AlignError> {
+    let mut stats = AlignStats {
+        schema: AlignStats::SCHEMA.to_string(),
+        trajectory_id: Some(t.id.clone()),
+        trajectories: 1,
+        ..Default::default()
+    };
+    let mut order: Vec<usize> = (0..t.generations.len()).collect();
+    order.sort_by_key(|&p| t.generations[p].index);
+    if let Some(w) = order
+        .windows(2)
+        .find(|w| t.generations[w[0]].index == t.generations[w[1]].index)
+    {
+        return Err(bad(
+            t,
+            w[1],
+            "index",
+            format!("{} appears twice", t.generations[w[1]].index),
+        ));
+    }
+
+    let mut nodes: Vec<Node> = Vec::new();
+    for &pos in &order {
+        let g = &t.generations[pos];
+        let logprobs = g
+            .logprobs
+            .to_f32()
+            .map_err(|e| bad(t, pos, "logprobs", e.to_string()))?;
+        let status = g.status.as_deref().unwrap_or("ok");
+        if !matches!(status, "ok" | "malformed_tool_call") {
+            drop_turn(&mut stats, &format!("status:{status}"), g.output_ids.len());
+            continue;
+        }
+        if logprobs.len() != g.output_ids.len() {
+            return Err(bad(
+                t,
+                pos,
+                "logprobs",
+                format!(
+                    "{} values for {} output tokens",
+                    logprobs.len(),
+                    g.output_ids.len()
+                ),
+            ));
+        }
+        let routing = decode_routing(t, pos, g)?;
+        if g.output_ids.is_empty() {
+            drop_turn(&mut stats, "empty_output", 0);
+            continue;
+        }
+        if g.prompt_ids.is_empty() {
+            return Err(bad(t, pos, "prompt_ids", "empty for a generation with output"));
+        }
+        let conv = match Conversation::from_api_request(&g.api, &g.request) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!("trajectory {} generation {}: request: {e:#}", t.id, g.index);
+                drop_turn(&mut stats, "unparseable_request", g.output_ids.len());
+                continue;
+            }
+        };
+        let captured = match &s.chat {
+            Some(chat) => Some(decode_captured(chat, t, pos, g, &conv)?),
+            None => None,
+        };
+        nodes.push(Node {
+            g,
+            conv,
+            captured,
+            logprobs,
+            routing,
+            thread: 0,
+            token_parent: None,
+            children: 0,
+        });
+    }
+
+    // Threads and segments.
+    let mut threads = 0usize;
+    let mut breaks: BTreeMap<String, u64> = BTreeMap::new();
+    for j in 0..nodes.len() {
+        let mut parent = None;
+        let mut apparent_mismatch = false;
+        for i in (0..j).rev() {
+            let (a, b) = (&nodes[i], &nodes[j]);
+            let n = a.conv.messages.len();
+            if b.conv.messages.len() <= n
+                || common_prefix(&a.conv.messages, &b.conv.messages[..n], s.mode) < n
+            {
+                continue;
+            }
+            let echo = &b.conv.messages[n];
+            if echo.role != Role::Assistant {
+                continue;
+            }
+            let chain = tokens_chain(a.g, b.g);
+            match link(echo, &a.g.tool_call_ids, a.captured.as_ref(), chain, s.mode) {
+                Some(l) => {
+                    parent = Some((i, l, chain));
+                    break;
+                }
+                // The history matches up to i's answer, but the echo is not i's answer as
+                // captured — unless it is another generation's (turns dropped in between).
+                None => {
+                    apparent_mismatch |= !nodes[..j]
+                        .iter()
+                        .any(|n| link(echo, &n.g.tool_call_ids, n.captured.as_ref(), false, s.mode).is_some())
+                }
+            }
+        }
+        let mut first_new = 0;
+        match parent {
+            Some((i, l, chain)) => {
+                if let Link::ById { differs: true } = l {
+                    stats.tool_call_mismatches += 1;
+                    stats.mismatches_resolved_by_id += 1;
+                }
+                nodes[j].thread = nodes[i].thread;
+                first_new = nodes[i].conv.messages.len() + 1;
+                if chain {
+                    nodes[j].token_parent = Some(i);
+                    nodes[i].children += 1;
+                    if nodes[i].children > 1 {
+                        *breaks.entry("branch".into()).or_default() += 1;
+                    }
+                } else {
+                    *breaks.entry("prompt_not_token_continuation".into()).or_default() += 1;
+                }
+            }
+            None => {
+                if apparent_mismatch {
+                    stats.tool_call_mismatches += 1;
+                }
+                let system = nodes[j].conv.messages.first().filter(|m| m.role == Role::System);
+                let same_root = system.and_then(|sys| {
+                    (0..j).rev().find(|&i| {
+                        nodes[i]
+                            .conv
+                            .messages
+                            .first()
+                            .is_some_and(|m| same_message(m, sys, s.mode))
+                    })
+                });
+                match same_root {
+                    Some(i) => {
+                        // History rewritten (compaction): count the messages of the thread's
+                        // latest request that the new history no longer holds anywhere.
+                        let thread = nodes[i].thread;
+                        let (prev, now) = (&nodes[i].conv.messages, &nodes[j].conv.messages);
+                        stats.compacted_messages += prev
+                            .iter()
+                            .filter(|m| !now.iter().any(|n| same_message(m, n, s.mode)))
+                            .count() as u64;
+                        first_new = common_prefix(prev, now, s.mode);
+                        nodes[j].thread = thread;
+                        *breaks.entry("history_rewritten".into()).or_default() += 1;
+                    }
+                    None => {
+                        nodes[j].thread = threads;
+                        threads += 1;
+                    }
+                }
+            }
+        }
+        // Assistant turns in the new part of the request that no captured generation produced.
+        for m in &nodes[j].conv.messages[first_new.min(nodes[j].conv.messages.len())..] {
+            if m.role == Role::Assistant
+                && !nodes[..j]
+                    .iter()
+                    .any(|n| link(m, &n.g.tool_call_ids, n.captured.as_ref(), false, s.mode).is_some())
+            {
+                stats.unlinked_assistant_messages += 1;
+            }
+        }
+    }
+    stats.segment_breaks = breaks;
+
+    // Main agent = the thread with most generations (ties: earliest); others by first request.
+    let mut count = vec![0usize; threads];
+    let mut first = vec![usize::MAX; threads];
+    for (k, n) in nodes.iter().enumerate() {
+        count[n.thread] += 1;
+        first[n.thread] = first[n.thread].min(k);
+    }
+    let mut rank: Vec<usize> = (0..threads).collect();
+    rank.sort_by_key(|&th| first[th]);
+    if let Some(main) = (0..threads).max_by_key(|&th| (count[th], std::cmp::Reverse(first[th]))) {
+        rank.retain(|&th| th != main);
+        rank.insert(0, main);
+    }
+    let mut number = vec![0u32; threads];
+    for (k, &th) in rank.iter().enumerate() {
+        number[th] = k as u32;
+    }
+    stats.threads = threads as u64;
+
+    // One sample per leaf, leaves in request order.
+    let weight = if t.infra_failure || t.reward.is_none() {
+        0.0
+    } else {
+        1.0
+    };
+    let mut trained = vec![false; nodes.len()];
+    let mut segments = vec![0u32; threads];
+    let mut samples = Vec::new();
+    for leaf in (0..nodes.len()).filter(|&k| nodes[k].children == 0) {
+        let mut path = vec![leaf];
+        while let Some(p) = nodes[*path.last().expect("invariant: non-empty")].token_parent {
+            path.push(p);
+        }
+        path.reverse();
+        let lg = nodes[leaf].g;
+        let tokens: Vec<u32> = lg.prompt_ids.iter().chain(&lg.output_ids).copied().collect();
+        let exact = path.iter().all(|&k| {
+            let g = nodes[k].g;
+            let p = g.prompt_ids.len();
+            tokens[..p] == g.prompt_ids[..] && tokens[p..p + g.output_ids.len()] == g.output_ids[..]
+        });
+        if !exact {
+            return Err(AlignError::Invariant(format!(
+                "trajectory {}: segment ending at generation {} is not a token chain",
+                t.id, lg.index
+            )));
+        }
+        stats.token_exact_samples += 1;
+        let mut mask = vec![false; tokens.len()];
+        let mut lps = Vec::new();
+        let mut trained_here = Vec::new();
+        for &k in &path {
+            if trained[k] {
+                continue;
+            }
+            trained[k] = true;
+            let n = &nodes[k];
+            let p = n.g.prompt_ids.len();
+            mask[p..n.seq_len()].fill(true);
+            lps.extend_from_slice(&n.logprobs);
+            trained_here.push(n.g.index);
+            stats.aligned_turns += 1;
+            stats.policy_tokens += n.g.output_ids.len() as u64;
+        }
+        let routing = sample_routing(&nodes, &path, tokens.len());
+        if routing.is_none() && path.iter().any(|&k| nodes[k].routing.is_some()) {
+            stats.samples_without_routing += 1;
+        }
+        let thread = nodes[leaf].thread;
+        let segment = segments[thread];
+        segments[thread] += 1;
+        let mut metadata = serde_json::Map::new();
+        metadata.insert(
+            "generations".into(),
+            Value::from(path.iter().map(|&k| nodes[k].g.index).collect::<Vec<_>>()),
+        );
+        metadata.insert("trained".into(), json!(trained_here));
+        samples.push(Sample {
+            schema: Sample::SCHEMA.to_string(),
+            id: format!("{}#{}.{}", t.id, number[thread], segment),
+            trajectory_id: t.id.clone(),
+            task_id: t.task_id.clone(),
+            group_id: t.group_id,
+            sample_index: t.sample_index,
+            thread: number[thread],
+            segment,
+            token_ids: tokens,
+            loss_mask: LossMask::from_dense(&mask),
+            rollout_logprobs: Packed::f32_vec(&lps),
+            routing,
+            reward: t.reward.unwrap_or(0.0),
+            weight,
+            policy_version: t.policy_version,
+            metadata,
+        });
+    }
+    stats.segments = samples.len() as u64;
+    stats.samples = samples.len() as u64;
+    Ok((samples, stats))
+}
+
+/// Routing rows for positions 0..T−1 (the last token is never forwarded), each from the deepest
+/// generation on the path that recorded it; `None` when some position has none.
+fn sample_routing(nodes: &[Node], path: &[usize], t: usize) -> Option<Packed> {
+    let first = path.iter().rev().find_map(|&k| nodes[k].routing.as_ref())?;
+    let (layers, top_k) = (first.layers, first.top_k);
+    let w = layers * top_k;
+    let rows = t - 1;
+    let mut ids = vec![0u16; rows * w];
+    let mut filled = vec![false; rows];
+    let mut missing = rows;
+    for &k in path.iter().rev() {
+        let Some(r) = &nodes[k].routing else { continue };
+        if r.layers != layers || r.top_k != top_k {
+            continue;
+        }
+        for row in 0..r.rows {
+            let p = r.start + row;
+            if p < rows && !filled[p] {
+                filled[p] = true;
+                missing -= 1;
+                ids[p * w..(p + 1) * w].copy_from_slice(&r.ids[row * w..(row + 1) * w]);
+            }
+        }
+        if missing == 0 {
+            break;
+        }
+    }
+    (missing == 0).then(|| Packed::from_experts(vec![rows, layers, top_k], &ids))
+}
