@@ -8,6 +8,7 @@ mod filter_tasks;
 mod io;
 mod model;
 mod proxy;
+mod proxy_sdk;
 mod report;
 mod sandbox;
 mod synth;
