@@ -68,12 +68,50 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
 
-    // Direct: the same rendered prompts, straight to the engine.
+    // The proxy: streaming chat completions over HTTP, one trial per client.
+    let cfg = ProxyConfig {
+        sampling: sampling.clone(),
+        ..Default::default()
+    };
+    let proxy = Proxy::new(chat.clone(), backend.clone(), cfg);
+    let (addr, _) = proxy.serve("127.0.0.1:0".parse()?).await?;
+    let http = reqwest::Client::new();
+    // Alternate the two paths (direct, proxy, direct, proxy) so a change of machine load
+    // during the run affects both alike.
+    let (mut direct_tokens, mut direct_s, mut proxy_tokens, mut proxy_s) = (0, 0.0, 0, 0.0);
+    for round in 0..2 {
+        let (n, s) = direct(&backend, &chat, &sampling, &stops, clients, per_client).await?;
+        direct_tokens += n;
+        direct_s += s;
+        let (n, s) = through_proxy(&proxy, &http, addr, clients, per_client, max_tokens, round).await?;
+        proxy_tokens += n;
+        proxy_s += s;
+    }
+    println!("clients={clients}");
+    println!("requests={}", 2 * clients * per_client);
+    println!("direct_tokens={direct_tokens}");
+    println!("direct_seconds={direct_s:.3}");
+    println!("direct_tok_per_s={:.1}", direct_tokens as f64 / direct_s);
+    println!("proxy_tokens={proxy_tokens}");
+    println!("proxy_seconds={proxy_s:.3}");
+    println!("proxy_tok_per_s={:.1}", proxy_tokens as f64 / proxy_s);
+    Ok(())
+}
+
+/// The same rendered prompts, straight to the engine; returns (tokens, seconds).
+async fn direct(
+    backend: &Arc<EmbeddedBackend>,
+    chat: &Arc<ChatFormat>,
+    sampling: &Sampling,
+    stops: &[u32],
+    clients: usize,
+    per_client: usize,
+) -> anyhow::Result<(usize, f64)> {
     let t = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (backend, chat, sampling, stops) =
-            (backend.clone(), chat.clone(), sampling.clone(), stops.clone());
+            (backend.clone(), chat.clone(), sampling.clone(), stops.to_vec());
         tasks.push(tokio::spawn(async move {
             let mut tokens = 0usize;
             for r in 0..per_client {
@@ -97,24 +135,27 @@ async fn main() -> anyhow::Result<()> {
             tokens
         }));
     }
-    let mut direct_tokens = 0;
+    let mut n = 0;
     for t in tasks {
-        direct_tokens += t.await?;
+        n += t.await?;
     }
-    let direct_s = t.elapsed().as_secs_f64();
+    Ok((n, t.elapsed().as_secs_f64()))
+}
 
-    // Through the proxy: streaming chat completions over HTTP, one trial per client.
-    let cfg = ProxyConfig {
-        sampling: sampling.clone(),
-        ..Default::default()
-    };
-    let proxy = Proxy::new(chat.clone(), backend.clone(), cfg);
-    let (addr, _) = proxy.serve("127.0.0.1:0".parse()?).await?;
-    let http = reqwest::Client::new();
+/// Streaming chat completions over HTTP through the proxy, one trial per client.
+async fn through_proxy(
+    proxy: &Proxy,
+    http: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    clients: usize,
+    per_client: usize,
+    max_tokens: u32,
+    round: usize,
+) -> anyhow::Result<(usize, f64)> {
     let t = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (token, trial) = proxy.register_trial(&format!("bench/{c}/0"));
+        let (token, trial) = proxy.register_trial(&format!("bench/{c}/{round}"));
         let url = format!("http://{addr}/t/{token}/v1/chat/completions");
         let http = http.clone();
         tasks.push(tokio::spawn(async move {
@@ -135,18 +176,9 @@ async fn main() -> anyhow::Result<()> {
                 .sum::<usize>()
         }));
     }
-    let mut proxy_tokens = 0;
+    let mut n = 0;
     for t in tasks {
-        proxy_tokens += t.await?;
+        n += t.await?;
     }
-    let proxy_s = t.elapsed().as_secs_f64();
-    println!("clients={clients}");
-    println!("requests={}", clients * per_client);
-    println!("direct_tokens={direct_tokens}");
-    println!("direct_seconds={direct_s:.3}");
-    println!("direct_tok_per_s={:.1}", direct_tokens as f64 / direct_s);
-    println!("proxy_tokens={proxy_tokens}");
-    println!("proxy_seconds={proxy_s:.3}");
-    println!("proxy_tok_per_s={:.1}", proxy_tokens as f64 / proxy_s);
-    Ok(())
+    Ok((n, t.elapsed().as_secs_f64()))
 }

@@ -237,8 +237,9 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>, counters: &Counters) {
             if seq.cancelled {
                 counters.cancelled.fetch_add(1, Ordering::SeqCst);
             } else {
-                seq.complete();
+                // Counted before the answer leaves, so a client that has it sees the count.
                 counters.completed.fetch_add(1, Ordering::SeqCst);
+                seq.complete();
             }
         }
     }
