@@ -10,7 +10,8 @@
 //! recomputes; the sampling distribution applies temperature / top-k / top-p on top.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
@@ -18,7 +19,9 @@ use futures::FutureExt;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
-use super::{Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape};
+use super::{
+    Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape, TokenSink,
+};
 use crate::model::{ForwardInput, KvCache, Model};
 
 const NAME: &str = "embedded";
@@ -26,7 +29,7 @@ const NAME: &str = "embedded";
 type Reply = tokio::sync::oneshot::Sender<Result<GenerateOutput, EngineError>>;
 
 enum Msg {
-    Generate(GenerateRequest, Reply),
+    Generate(GenerateRequest, Reply, Option<TokenSink>),
     Reload(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>),
 }
 
@@ -36,6 +39,28 @@ pub struct EmbeddedBackend {
     dir: PathBuf,
     shape: Option<RoutingShape>,
     context: usize,
+    counters: Arc<Counters>,
+}
+
+/// What the worker has done so far (tests and benchmarks read it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineCounts {
+    /// Sequences being generated now.
+    pub active: usize,
+    /// Generations answered.
+    pub completed: u64,
+    /// Generations abandoned because their requester went away (client disconnected).
+    pub cancelled: u64,
+    /// Model forward passes (prefills and decode steps).
+    pub forwards: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    active: AtomicUsize,
+    completed: AtomicU64,
+    cancelled: AtomicU64,
+    forwards: AtomicU64,
 }
 
 impl EmbeddedBackend {
@@ -50,16 +75,30 @@ impl EmbeddedBackend {
         });
         let context = model.lm.cfg.max_position_embeddings as usize;
         let (tx, rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let c = counters.clone();
         std::thread::Builder::new()
             .name("lego-rl-engine".into())
-            .spawn(move || worker(model, rx))
+            .spawn(move || worker(model, rx, &c))
             .map_err(|e| failed(e.to_string()))?;
         Ok(EmbeddedBackend {
             tx,
             dir: dir.to_path_buf(),
             shape,
             context,
+            counters,
         })
+    }
+
+    /// The worker's counters.
+    pub fn counts(&self) -> EngineCounts {
+        let c = &self.counters;
+        EngineCounts {
+            active: c.active.load(Ordering::SeqCst),
+            completed: c.completed.load(Ordering::SeqCst),
+            cancelled: c.cancelled.load(Ordering::SeqCst),
+            forwards: c.forwards.load(Ordering::SeqCst),
+        }
     }
 
     /// Sends one message to the worker and waits for its answer.
@@ -74,6 +113,20 @@ impl EmbeddedBackend {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx.send(msg(tx)).map_err(|_| worker_gone())?;
         rx.await.map_err(|_| worker_gone())?
+    }
+
+    async fn submit(
+        &self,
+        req: GenerateRequest,
+        sink: Option<TokenSink>,
+    ) -> Result<GenerateOutput, EngineError> {
+        if req.prompt_ids.len() >= self.context {
+            return Err(EngineError::ContextLength {
+                prompt: req.prompt_ids.len(),
+                context: self.context,
+            });
+        }
+        self.ask(|tx| Msg::Generate(req, tx, sink)).await
     }
 
     /// The routing shape of the loaded model (None for dense models).
@@ -92,16 +145,15 @@ impl Backend for EmbeddedBackend {
     }
 
     fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
-        async move {
-            if req.prompt_ids.len() >= self.context {
-                return Err(EngineError::ContextLength {
-                    prompt: req.prompt_ids.len(),
-                    context: self.context,
-                });
-            }
-            self.ask(|tx| Msg::Generate(req, tx)).await
-        }
-        .boxed()
+        self.submit(req, None).boxed()
+    }
+
+    fn generate_streaming(
+        &self,
+        req: GenerateRequest,
+        tokens: TokenSink,
+    ) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
+        self.submit(req, Some(tokens)).boxed()
     }
 
     fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<(), EngineError>> {
@@ -114,6 +166,8 @@ impl Backend for EmbeddedBackend {
 struct Seq {
     req: GenerateRequest,
     reply: Reply,
+    /// Receives each output token as it is produced (streaming requests).
+    sink: Option<TokenSink>,
     cache: KvCache,
     /// Next token to forward (None before prefill).
     pending: Option<u32>,
@@ -123,9 +177,10 @@ struct Seq {
     rng: rand::rngs::StdRng,
     start: Instant,
     finish: Option<FinishReason>,
+    cancelled: bool,
 }
 
-fn worker(mut model: Model, rx: mpsc::Receiver<Msg>) {
+fn worker(mut model: Model, rx: mpsc::Receiver<Msg>, counters: &Counters) {
     let _guard = tch::no_grad_guard();
     let mut active: Vec<Seq> = Vec::new();
     let mut reload: Option<(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>)> = None;
@@ -145,8 +200,9 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>) {
                 }
             };
             match msg {
-                Msg::Generate(req, reply) => {
-                    active.push(Seq::new(req, reply, model.lm.cfg.num_hidden_layers as usize))
+                Msg::Generate(req, reply, sink) => {
+                    let layers = model.lm.cfg.num_hidden_layers as usize;
+                    active.push(Seq::new(req, reply, sink, layers))
                 }
                 Msg::Reload(dir, done) => reload = Some((dir, done)),
             }
@@ -163,27 +219,39 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>) {
             }
             continue;
         }
+        counters.active.store(active.len(), Ordering::SeqCst);
         for seq in &mut active {
             if seq.reply.is_closed() {
-                seq.finish = Some(FinishReason::Other); // the client went away: stop computing
+                // The requester went away (client disconnected): stop computing.
+                seq.finish = Some(FinishReason::Other);
+                seq.cancelled = true;
                 continue;
             }
             step(&model, seq);
+            counters.forwards.fetch_add(1, Ordering::SeqCst);
         }
         let (done, rest): (Vec<Seq>, Vec<Seq>) = active.drain(..).partition(|s| s.finish.is_some());
         active = rest;
+        counters.active.store(active.len(), Ordering::SeqCst);
         for seq in done {
-            seq.complete();
+            if seq.cancelled {
+                counters.cancelled.fetch_add(1, Ordering::SeqCst);
+            } else {
+                // Counted before the answer leaves, so a client that has it sees the count.
+                counters.completed.fetch_add(1, Ordering::SeqCst);
+                seq.complete();
+            }
         }
     }
 }
 
 impl Seq {
-    fn new(req: GenerateRequest, reply: Reply, layers: usize) -> Self {
+    fn new(req: GenerateRequest, reply: Reply, sink: Option<TokenSink>, layers: usize) -> Self {
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
         Seq {
             req,
             reply,
+            sink,
             cache: KvCache::new(layers),
             pending: None,
             output: Vec::new(),
@@ -192,6 +260,7 @@ impl Seq {
             rng: rand::rngs::StdRng::seed_from_u64(seed),
             start: Instant::now(),
             finish: None,
+            cancelled: false,
         }
     }
 
@@ -257,6 +326,9 @@ fn step(model: &Model, seq: &mut Seq) {
         None => sample(&logp, &seq.req, &mut seq.rng),
     };
     seq.output.push(next);
+    if let Some(sink) = &seq.sink {
+        let _ = sink.send(next);
+    }
     seq.logprobs
         .push(logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY));
     seq.pending = Some(next);

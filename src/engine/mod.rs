@@ -115,12 +115,31 @@ pub enum EngineError {
     ReloadUnsupported { backend: &'static str, msg: String },
 }
 
+/// Where a streaming generation sends each output token id as soon as it is produced.
+pub type TokenSink = tokio::sync::mpsc::UnboundedSender<u32>;
+
 /// A token-level inference backend.
 pub trait Backend: Send + Sync {
     /// A short id recorded in every capture (`vllm:http://…`, `embedded`).
     fn id(&self) -> String;
     /// Generates a continuation of `req.prompt_ids`.
     fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>>;
+    /// Like [`Backend::generate`], also sending every output token on `tokens` as it is
+    /// produced (streaming answers). Backends that cannot stream send them all at the end.
+    /// The returned output is authoritative; the sink is only a preview of it.
+    fn generate_streaming(
+        &self,
+        req: GenerateRequest,
+        tokens: TokenSink,
+    ) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
+        Box::pin(async move {
+            let out = self.generate(req).await?;
+            for &t in &out.output_ids {
+                let _ = tokens.send(t);
+            }
+            Ok(out)
+        })
+    }
     /// The longest prompt + output the model serves, when the backend knows it.
     fn context_length(&self) -> Option<usize> {
         None

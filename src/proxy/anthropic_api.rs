@@ -13,11 +13,11 @@ use axum::Json;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::capture::{prepare, run, Outcome, Trial};
+use super::capture::{prepare, run, run_streaming, Outcome, Progress, Trial};
 use super::routes::{error_response, Api};
 use super::{ProxyError, State};
 use crate::chat::anthropic::MessagesRequest;
-use crate::chat::{Conversation, RenderOptions};
+use crate::chat::{Conversation, RenderOptions, StreamEvent};
 use crate::records::Sampling;
 
 /// Thinking blocks must carry a signature that harnesses echo back; ours is a fixed marker
@@ -79,33 +79,147 @@ pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes) 
         Ok(p) => p,
         Err(e) => return error_response(Api::Anthropic, &e),
     };
-    let fut = {
-        let state = state.clone();
-        async move { run(&state, prepared).await }
-    };
     if !req.stream {
-        return match fut.await {
+        return match run(&state, prepared).await {
             Ok(out) => Json(message(&model, &out)).into_response(),
             Err(e) => error_response(Api::Anthropic, &e),
         };
     }
-    let stream = futures::stream::once(fut).flat_map(move |res| {
-        let events = match res {
-            Ok(out) => events(&model, &out),
-            Err(e) => {
+    // Streaming: blocks open and close as the parsed output changes kind, token by token; a
+    // client that disconnects cancels the generation (see `run_streaming`).
+    let mut writer = Writer {
+        id: format!("msg_lego{:08}", prepared.index()),
+        open: None,
+        next: 0,
+    };
+    let head = vec![
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": writer.id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": prepared.prompt_tokens(), "output_tokens": 1}}}),
+        ),
+        ev("ping", json!({"type": "ping"})),
+    ];
+    let rx = run_streaming(state, prepared);
+    let body = tokio_stream::wrappers::ReceiverStream::new(rx)
+        .flat_map(move |p| futures::stream::iter(writer.progress(p)));
+    Sse::new(futures::stream::iter(head).chain(body).map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn ev(name: &str, data: Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+/// Turns parsed output pieces into the documented content-block events.
+struct Writer {
+    id: String,
+    /// The kind and index of the open content block.
+    open: Option<(&'static str, usize)>,
+    next: usize,
+}
+
+impl Writer {
+    fn start(&mut self, v: &mut Vec<Event>, kind: &'static str, block: Value) -> usize {
+        self.close(v);
+        let i = self.next;
+        self.next += 1;
+        v.push(ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": block}),
+        ));
+        self.open = Some((kind, i));
+        i
+    }
+
+    /// Opens a block of `kind` unless one is open; returns its index.
+    fn ensure(&mut self, v: &mut Vec<Event>, kind: &'static str) -> usize {
+        match self.open {
+            Some((k, i)) if k == kind => i,
+            _ => {
+                let block = match kind {
+                    "thinking" => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    _ => json!({"type": "text", "text": ""}),
+                };
+                self.start(v, kind, block)
+            }
+        }
+    }
+
+    fn close(&mut self, v: &mut Vec<Event>) {
+        if let Some((kind, i)) = self.open.take() {
+            if kind == "thinking" {
+                v.push(delta(
+                    i,
+                    json!({"type": "signature_delta", "signature": SIGNATURE}),
+                ));
+            }
+            v.push(ev(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            ));
+        }
+    }
+
+    fn progress(&mut self, p: Progress) -> Vec<Event> {
+        let mut v = Vec::new();
+        match p {
+            Progress::Event(StreamEvent::Reasoning(r)) => {
+                let i = self.ensure(&mut v, "thinking");
+                v.push(delta(i, json!({"type": "thinking_delta", "thinking": r})));
+            }
+            Progress::Event(StreamEvent::Text(t)) => {
+                let i = self.ensure(&mut v, "text");
+                v.push(delta(i, json!({"type": "text_delta", "text": t})));
+            }
+            Progress::Event(StreamEvent::ToolCall { call, .. }) => {
+                let block = json!({"type": "tool_use", "id": call.id, "name": call.name, "input": {}});
+                let i = self.start(&mut v, "tool_use", block);
+                let input = call.arguments_json().unwrap_or_else(|| json!({}));
+                v.push(delta(
+                    i,
+                    json!({"type": "input_json_delta", "partial_json": input.to_string()}),
+                ));
+                self.close(&mut v);
+            }
+            Progress::Done(Ok(out)) => {
+                if self.next == 0 {
+                    // Every message has at least one content block.
+                    self.ensure(&mut v, "text");
+                }
+                self.close(&mut v);
+                v.push(ev(
+                    "message_delta",
+                    json!({"type": "message_delta",
+                        "delta": {"stop_reason": stop_reason(&out), "stop_sequence": null},
+                        "usage": {"output_tokens": out.output_tokens}}),
+                ));
+                v.push(ev("message_stop", json!({"type": "message_stop"})));
+            }
+            Progress::Done(Err(e)) => {
                 let etype = if matches!(e, ProxyError::Backend(_)) {
                     "overloaded_error"
                 } else {
                     "invalid_request_error"
                 };
-                vec![Event::default().event("error").data(
-                    json!({"type": "error", "error": {"type": etype, "message": e.to_string()}}).to_string(),
-                )]
+                v.push(ev(
+                    "error",
+                    json!({"type": "error", "error": {"type": etype, "message": e.to_string()}}),
+                ));
             }
-        };
-        futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+        }
+        v
+    }
+}
+
+fn delta(index: usize, d: Value) -> Event {
+    ev(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index, "delta": d}),
+    )
 }
 
 fn stop_reason(out: &Outcome) -> &'static str {
@@ -144,59 +258,4 @@ fn message(model: &str, out: &Outcome) -> Value {
         "content": blocks(out), "stop_reason": stop_reason(out), "stop_sequence": null,
         "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.output_tokens},
     })
-}
-
-fn events(model: &str, out: &Outcome) -> Vec<Event> {
-    let ev = |name: &str, data: Value| Event::default().event(name).data(data.to_string());
-    let mut v = vec![
-        ev(
-            "message_start",
-            json!({"type": "message_start", "message": {
-            "id": id(out), "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": out.prompt_tokens, "output_tokens": 1}}}),
-        ),
-        ev("ping", json!({"type": "ping"})),
-    ];
-    for (i, block) in blocks(out).into_iter().enumerate() {
-        let (start, deltas) = match block["type"].as_str() {
-            Some("thinking") => (
-                json!({"type": "thinking", "thinking": "", "signature": ""}),
-                vec![
-                    json!({"type": "thinking_delta", "thinking": block["thinking"]}),
-                    json!({"type": "signature_delta", "signature": SIGNATURE}),
-                ],
-            ),
-            Some("tool_use") => (
-                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
-                vec![json!({"type": "input_json_delta", "partial_json": block["input"].to_string()})],
-            ),
-            _ => (
-                json!({"type": "text", "text": ""}),
-                vec![json!({"type": "text_delta", "text": block["text"]})],
-            ),
-        };
-        v.push(ev(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": i, "content_block": start}),
-        ));
-        for d in deltas {
-            v.push(ev(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": i, "delta": d}),
-            ));
-        }
-        v.push(ev(
-            "content_block_stop",
-            json!({"type": "content_block_stop", "index": i}),
-        ));
-    }
-    v.push(ev(
-        "message_delta",
-        json!({"type": "message_delta",
-        "delta": {"stop_reason": stop_reason(out), "stop_sequence": null},
-        "usage": {"output_tokens": out.output_tokens}}),
-    ));
-    v.push(ev("message_stop", json!({"type": "message_stop"})));
-    v
 }

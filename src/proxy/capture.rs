@@ -11,9 +11,10 @@ use serde_json::{json, Value};
 
 use super::{ProxyError, State};
 use crate::chat::{
-    Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, ToolCallIds,
+    Conversation, IncrementalDecoder, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role,
+    StreamEvent, ToolCallIds,
 };
-use crate::engine::{EngineError, FinishReason, GenerateRequest};
+use crate::engine::{EngineError, FinishReason, GenerateRequest, TokenSink};
 use crate::records::{Generation, Packed, PromptMode, Sampling};
 
 /// One captured generation with what faithful prompting of the next turn needs.
@@ -72,6 +73,21 @@ impl Trial {
         self.lock().script.extend(outputs);
     }
 
+    fn push(
+        &self,
+        generation: Generation,
+        conversation: Conversation,
+        options: RenderOptions,
+        assistant: Option<Message>,
+    ) {
+        self.lock().captured.push(Captured {
+            generation,
+            conversation,
+            options,
+            assistant,
+        });
+    }
+
     fn thread_of(&self, conv: &Conversation) -> u32 {
         // A thread is identified by its system prompt and first user message: side requests
         // (titles, summaries) and sub-agents differ in one of them.
@@ -103,7 +119,9 @@ pub(crate) struct Outcome {
     pub index: u32,
 }
 
-/// Records `client_disconnected` when dropped before [`InFlight::done`].
+/// Records `client_disconnected` when dropped before [`InFlight::done`]: the request was
+/// prepared but its answer was never completed (the client went away, so the server dropped
+/// the request's future or its response stream).
 struct InFlight {
     trial: Arc<Trial>,
     generation: Option<Generation>,
@@ -119,18 +137,15 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(mut g) = self.generation.take() {
             g.status = Some("client_disconnected".into());
-            let conv = Conversation::default();
-            self.trial.lock().captured.push(Captured {
-                generation: g,
-                conversation: conv,
-                options: RenderOptions::generation(None),
-                assistant: None,
-            });
+            g.finish_reason = "cancelled".into();
+            self.trial
+                .push(g, Conversation::default(), RenderOptions::generation(None), None);
         }
     }
 }
 
-/// A request whose prompt is built and checked, ready for the backend.
+/// A request whose prompt is built and checked, ready for the backend. Dropping it unanswered
+/// (the client went away before or during the generation) records `client_disconnected`.
 pub(crate) struct Prepared {
     trial: Arc<Trial>,
     api: &'static str,
@@ -139,6 +154,21 @@ pub(crate) struct Prepared {
     record: Generation,
     request: GenerateRequest,
     started: Instant,
+    guard: InFlight,
+    /// A plain-text completion: no chat parsing of the output.
+    raw: bool,
+}
+
+impl Prepared {
+    /// The generation's index in its trial (response ids derive from it).
+    pub(crate) fn index(&self) -> u32 {
+        self.record.index
+    }
+
+    /// Tokens of the prompt.
+    pub(crate) fn prompt_tokens(&self) -> usize {
+        self.record.prompt_ids.len()
+    }
 }
 
 /// First half of the generation path: thread, prompt (faithful or rendered), context check.
@@ -152,7 +182,42 @@ pub(crate) fn prepare(
     opts: RenderOptions,
     sampling: Sampling,
 ) -> Result<Prepared, ProxyError> {
+    prepare_inner(state, trial, api, request, conv, opts, sampling, None)
+}
+
+/// [`prepare`] for a plain-text completion (`/v1/completions`): the prompt is the client's text
+/// (or token ids) as is, with no chat template, and the output is returned as raw text.
+pub(crate) fn prepare_raw(
+    state: &State,
+    trial: &Arc<Trial>,
+    api: &'static str,
+    request: Value,
+    prompt_ids: Vec<u32>,
+    sampling: Sampling,
+) -> Result<Prepared, ProxyError> {
+    // The thread key of a plain completion is its prompt.
+    let text = state.chat.decode(&prompt_ids, false).unwrap_or_default();
+    let conv = Conversation {
+        messages: vec![Message::text(Role::User, text)],
+        ..Default::default()
+    };
+    let opts = RenderOptions::generation(None);
+    prepare_inner(state, trial, api, request, conv, opts, sampling, Some(prompt_ids))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prepare_inner(
+    state: &State,
+    trial: &Arc<Trial>,
+    api: &'static str,
+    request: Value,
+    conv: Conversation,
+    opts: RenderOptions,
+    sampling: Sampling,
+    raw_prompt: Option<Vec<u32>>,
+) -> Result<Prepared, ProxyError> {
     let started = Instant::now();
+    let raw = raw_prompt.is_some();
     let thread = trial.thread_of(&conv);
     let (index, forced_text) = {
         let mut inner = trial.lock();
@@ -166,8 +231,8 @@ pub(crate) fn prepare(
     // Prompt: faithful splice onto the thread's latest capture, else a fresh render.
     let mut extra = serde_json::Map::new();
     let mut mode = PromptMode::Rendered;
-    let mut prompt_ids = None;
-    if state.cfg.prompt_mode == PromptMode::Faithful {
+    let mut prompt_ids = raw_prompt;
+    if !raw && state.cfg.prompt_mode == PromptMode::Faithful {
         let inner = trial.lock();
         let prev = inner.captured.iter().rev().find(|c| {
             c.generation.thread == thread
@@ -216,14 +281,6 @@ pub(crate) fn prepare(
         }
         None => None,
     };
-    if let Some(context) = state.backend.context_length() {
-        if prompt_ids.len() >= context {
-            return Err(ProxyError::ContextLength(format!(
-                "prompt of {} tokens does not fit the model's context of {context} tokens",
-                prompt_ids.len()
-            )));
-        }
-    }
     let backend_id = state.backend.id();
     let policy_version = state.policy_version.load(std::sync::atomic::Ordering::SeqCst);
     let record = Generation {
@@ -239,12 +296,31 @@ pub(crate) fn prepare(
         extra,
         ..Default::default()
     };
+    if let Some(context) = state.backend.context_length() {
+        if record.prompt_ids.len() >= context {
+            // Recorded so that rollout can end the trial as `context_limit`.
+            let msg = format!(
+                "prompt of {} tokens does not fit the model's context of {context} tokens",
+                record.prompt_ids.len()
+            );
+            let mut record = record;
+            record.status = Some("context_limit".into());
+            record.finish_reason = "context_limit".into();
+            record.error = Some(msg.clone());
+            trial.push(record, conv, opts, None);
+            return Err(ProxyError::ContextLength(msg));
+        }
+    }
     let request = GenerateRequest {
         prompt_ids,
         sampling,
         stop_token_ids,
         return_routing: state.cfg.return_routing,
         forced_output,
+    };
+    let guard = InFlight {
+        trial: trial.clone(),
+        generation: Some(record.clone()),
     };
     Ok(Prepared {
         trial: trial.clone(),
@@ -254,11 +330,116 @@ pub(crate) fn prepare(
         record,
         request,
         started,
+        guard,
+        raw,
     })
+}
+
+/// What a streaming answer is made of: parsed pieces of the output as the tokens come, then the
+/// outcome (the capture is written before it is sent).
+pub(crate) enum Progress {
+    Event(StreamEvent),
+    Done(Result<Outcome, ProxyError>),
+}
+
+/// Runs the generation in a task that streams parsed output events as the backend produces
+/// tokens. When the receiver is dropped (the client went away), the generation is dropped with
+/// it: the backend stops, and the capture records `client_disconnected`.
+pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc::Receiver<Progress> {
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(async move {
+        let ids = tool_call_ids(&p.trial, p.api, p.record.index);
+        let starts_in_reasoning = !p.raw && state.chat.starts_in_reasoning(&p.conv, &p.opts).unwrap_or(false);
+        let tools = p.conv.tools.clone();
+        let mut parser = Pieces {
+            raw: p.raw.then(|| IncrementalDecoder::new(true)),
+            chat: state.chat.output_stream(ids, starts_in_reasoning, &tools),
+            format: &state.chat,
+        };
+        let (tok_tx, mut tok_rx) = tokio::sync::mpsc::unbounded_channel();
+        let generation = run_with(&state, p, Some(tok_tx));
+        tokio::pin!(generation);
+        let mut parse_failed = false;
+        let mut feed = |events: Result<Vec<StreamEvent>, crate::chat::ChatError>| match events {
+            Ok(ev) if !parse_failed => ev,
+            // The final outcome reports the failure; stop previewing.
+            _ => {
+                parse_failed = true;
+                Vec::new()
+            }
+        };
+        let result = loop {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                Some(id) = tok_rx.recv() => {
+                    for ev in feed(parser.push(id)) {
+                        if tx.send(Progress::Event(ev)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                res = &mut generation => break res,
+            }
+        };
+        // Tokens sent before the generation finished but not yet read.
+        let mut events = Vec::new();
+        while let Ok(id) = tok_rx.try_recv() {
+            events.extend(feed(parser.push(id)));
+        }
+        events.extend(feed(parser.finish()));
+        for ev in events {
+            if tx.send(Progress::Event(ev)).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Progress::Done(result)).await;
+    });
+    rx
+}
+
+/// Output tokens → stream events: chat parsing, or plain text for raw completions.
+struct Pieces<'a> {
+    raw: Option<IncrementalDecoder>,
+    chat: crate::chat::OutputStream<'a>,
+    format: &'a crate::chat::ChatFormat,
+}
+
+impl Pieces<'_> {
+    fn push(&mut self, id: u32) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
+        match &mut self.raw {
+            Some(d) => Ok(text_event(d.push(self.format.tokenizer(), id)?)),
+            None => self.chat.push(id),
+        }
+    }
+
+    fn finish(&mut self) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
+        match &mut self.raw {
+            Some(d) => Ok(text_event(d.finish(self.format.tokenizer())?)),
+            None => self.chat.finish(),
+        }
+    }
+}
+
+fn text_event(t: String) -> Vec<StreamEvent> {
+    if t.is_empty() {
+        Vec::new()
+    } else {
+        vec![StreamEvent::Text(t)]
+    }
+}
+
+fn tool_call_ids(trial: &Trial, api: &str, index: u32) -> ToolCallIds {
+    let prefix = if api == "anthropic" { "toolu_" } else { "call_" };
+    ToolCallIds::new(trial.id.clone(), index as u64).with_prefix(prefix)
 }
 
 /// Second half: the backend call, parsing, and the capture (written before the answer).
 pub(crate) async fn run(state: &State, p: Prepared) -> Result<Outcome, ProxyError> {
+    run_with(state, p, None).await
+}
+
+async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Result<Outcome, ProxyError> {
     let Prepared {
         trial,
         api,
@@ -267,40 +448,58 @@ pub(crate) async fn run(state: &State, p: Prepared) -> Result<Outcome, ProxyErro
         mut record,
         request,
         started,
+        guard,
+        raw,
     } = p;
     let chat = &state.chat;
-    let bad = |e: crate::chat::ChatError| ProxyError::BadRequest(format!("{e:#}"));
     let index = record.index;
     let trial = &trial;
-    let guard = InFlight {
-        trial: trial.clone(),
-        generation: Some(record.clone()),
+    let prepared_s = started.elapsed().as_secs_f64();
+    let result = match tokens {
+        Some(sink) => state.backend.generate_streaming(request, sink).await,
+        None => state.backend.generate(request).await,
     };
-    let result = state.backend.generate(request).await;
+    // From here on the capture is written below whatever happens (the client may still go away
+    // while the answer is being sent; the generation is complete and recorded as such).
     guard.done();
     let out = match result {
         Ok(out) => out,
         Err(e) => {
-            record.status = Some("infra_error".into());
+            let context = matches!(e, EngineError::ContextLength { .. });
+            record.status = Some(if context { "context_limit" } else { "infra_error" }.into());
             record.error = Some(e.to_string());
-            trial.lock().captured.push(Captured {
-                generation: record,
-                conversation: conv,
-                options: opts,
-                assistant: None,
-            });
-            return Err(match e {
-                EngineError::ContextLength { .. } => ProxyError::ContextLength(e.to_string()),
-                other => ProxyError::Backend(other.to_string()),
+            trial.push(record, conv, opts, None);
+            return Err(if context {
+                ProxyError::ContextLength(e.to_string())
+            } else {
+                ProxyError::Backend(e.to_string())
             });
         }
     };
-    let prefix = if api == "anthropic" { "toolu_" } else { "call_" };
-    let ids = ToolCallIds::new(trial.id.clone(), index as u64).with_prefix(prefix);
-    let starts_in_reasoning = chat.starts_in_reasoning(&conv, &opts).map_err(bad)?;
-    let parsed = chat
-        .parse_output(&out.output_ids, ids, starts_in_reasoning, &conv.tools)
-        .map_err(bad)?;
+    let ids = tool_call_ids(trial, api, index);
+    let parsed = if raw {
+        chat.decode(&out.output_ids, true).map(|content| ParsedOutput {
+            content,
+            ..Default::default()
+        })
+    } else {
+        chat.starts_in_reasoning(&conv, &opts)
+            .and_then(|r| chat.parse_output(&out.output_ids, ids, r, &conv.tools))
+    };
+    let parsed = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            // The tokens were generated: keep them, and tell the client it was our fault.
+            record.output_ids = out.output_ids;
+            record.logprobs = Packed::f32_vec(&out.logprobs);
+            record.status = Some("infra_error".into());
+            record.error = Some(format!("cannot parse the output: {e:#}"));
+            trial.push(record, conv, opts, None);
+            return Err(ProxyError::Backend(format!(
+                "cannot parse the model output: {e:#}"
+            )));
+        }
+    };
 
     record.output_ids = out.output_ids.clone();
     record.logprobs = Packed::f32_vec(&out.logprobs);
@@ -333,6 +532,7 @@ pub(crate) async fn run(state: &State, p: Prepared) -> Result<Outcome, ProxyErro
             .insert("malformed_tool_calls".into(), json!(parsed.malformed_tool_calls));
     }
     record.timings = BTreeMap::from([
+        ("prepare".to_string(), prepared_s),
         ("engine".to_string(), out.seconds),
         ("total".to_string(), started.elapsed().as_secs_f64()),
     ]);
@@ -344,11 +544,8 @@ pub(crate) async fn run(state: &State, p: Prepared) -> Result<Outcome, ProxyErro
         parsed: parsed.clone(),
     };
     // The capture is complete before the harness sees a byte of the answer.
-    trial.lock().captured.push(Captured {
-        generation: record,
-        conversation: conv,
-        options: opts,
-        assistant: Some(parsed.to_message()),
-    });
+    // Plain completions are never spliced onto (no assistant message to match).
+    let assistant = (!raw).then(|| parsed.to_message());
+    trial.push(record, conv, opts, assistant);
     Ok(outcome)
 }

@@ -18,12 +18,14 @@ type S = Arc<State>;
 pub(crate) fn router(state: S) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(openai_chat))
+        .route("/v1/completions", post(openai_completions))
         .route("/v1/messages", post(anthropic_messages))
         .route("/v1/messages/count_tokens", post(anthropic_count))
         .route("/v1/models", get(models))
         .route("/", any(root));
     let prefixed = Router::new()
         .route("/t/{token}/v1/chat/completions", post(openai_chat_t))
+        .route("/t/{token}/v1/completions", post(openai_completions_t))
         .route("/t/{token}/v1/messages", post(anthropic_messages_t))
         .route("/t/{token}/v1/messages/count_tokens", post(anthropic_count_t))
         .route("/t/{token}/v1/models", get(models_t))
@@ -113,6 +115,12 @@ async fn openai_chat(AxState(s): AxState<S>, body: Body) -> Response {
 async fn openai_chat_t(AxState(s): AxState<S>, Path(token): Path<String>, body: Body) -> Response {
     dispatch_openai(s, Some(token), body).await
 }
+async fn openai_completions(AxState(s): AxState<S>, body: Body) -> Response {
+    dispatch_completions(s, None, body).await
+}
+async fn openai_completions_t(AxState(s): AxState<S>, Path(token): Path<String>, body: Body) -> Response {
+    dispatch_completions(s, Some(token), body).await
+}
 async fn dispatch_openai(s: S, token: Option<String>, body: Body) -> Response {
     let t = match trial(&s, token.as_deref()) {
         Ok(t) => t,
@@ -120,6 +128,16 @@ async fn dispatch_openai(s: S, token: Option<String>, body: Body) -> Response {
     };
     match read_body(&s, body).await {
         Ok(bytes) => openai_api::chat_completions(s, t, bytes).await,
+        Err(e) => error_response(Api::OpenAi, &e),
+    }
+}
+async fn dispatch_completions(s: S, token: Option<String>, body: Body) -> Response {
+    let t = match trial(&s, token.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return error_response(Api::OpenAi, &e),
+    };
+    match read_body(&s, body).await {
+        Ok(bytes) => openai_api::completions(s, t, bytes).await,
         Err(e) => error_response(Api::OpenAi, &e),
     }
 }

@@ -9,6 +9,7 @@ mod filter_tasks;
 mod io;
 mod model;
 mod proxy;
+mod proxy_sdk;
 mod report;
 mod runtime;
 mod sandbox;

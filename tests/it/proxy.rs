@@ -12,7 +12,7 @@ use lego_rl::proxy::{Proxy, ProxyConfig};
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-fn chat() -> Arc<ChatFormat> {
+pub(crate) fn chat() -> Arc<ChatFormat> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/tokenizer/qwen3");
     Arc::new(
         ChatFormat::from_parts(
@@ -54,7 +54,11 @@ fn bash_tool() -> Value {
 }
 
 /// Trainer-side recomputation of the captured output log-probs, replaying the captured routing.
-fn recompute(prompt: &[u32], output: &[u32], routing: Option<&lego_rl::records::Packed>) -> Vec<f32> {
+pub(crate) fn recompute(
+    prompt: &[u32],
+    output: &[u32],
+    routing: Option<&lego_rl::records::Packed>,
+) -> Vec<f32> {
     let model = Model::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
     let _g = tch::no_grad_guard();
     let all: Vec<i64> = prompt.iter().chain(output).map(|&t| t as i64).collect();
@@ -197,14 +201,15 @@ async fn anthropic_stream_has_the_documented_event_order() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
-    let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    let mut events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    // Deltas stream token by token: compare runs of them as one.
+    events.dedup();
     assert_eq!(
         events,
         [
             "message_start",
             "ping",
             "content_block_start",
-            "content_block_delta",
             "content_block_delta",
             "content_block_stop",
             "content_block_start",
@@ -358,7 +363,14 @@ async fn every_captured_harness_request_is_answered() {
         answered >= 10 && answered + too_long >= 30,
         "{answered} answered, {too_long} over the context"
     );
-    assert_eq!(trial.generations().len(), answered);
+    // Prompts over the context are captured too, marked for `context_limit`.
+    let gens = trial.generations();
+    assert_eq!(gens.len(), answered + too_long);
+    let over = gens
+        .iter()
+        .filter(|g| g.status.as_deref() == Some("context_limit"))
+        .count();
+    assert_eq!(over, too_long);
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
