@@ -570,6 +570,23 @@ mod tests {
         t
     }
 
+    fn swe(t: &Task, without: &Run, with: &Run) -> String {
+        reason(&judge_swebench(
+            t,
+            std::slice::from_ref(without),
+            std::slice::from_ref(with),
+        ))
+        .to_string()
+    }
+
+    fn harbor(without: &Run, with: &Run) -> String {
+        reason(&judge_harbor(
+            std::slice::from_ref(without),
+            std::slice::from_ref(with),
+        ))
+        .to_string()
+    }
+
     fn reason(v: &ValidityVerdict) -> &str {
         match v {
             ValidityVerdict::Valid(_) => "valid",
@@ -582,23 +599,11 @@ mod tests {
         let t = task();
         let none = run(0.0, &[("a.py::f", "FAILED"), ("a.py::p", "PASSED")]);
         let gold = run(1.0, &[("a.py::f", "PASSED"), ("a.py::p", "PASSED")]);
-        assert_eq!(
-            reason(&judge_swebench(&t, &[none.clone()], &[gold.clone()])),
-            "valid"
-        );
-        assert_eq!(
-            reason(&judge_swebench(&t, &[gold.clone()], &[gold.clone()])),
-            "passes_without_fix"
-        );
-        assert_eq!(
-            reason(&judge_swebench(&t, &[none.clone()], &[none.clone()])),
-            "gold_does_not_resolve"
-        );
+        assert_eq!(swe(&t, &none, &gold), "valid");
+        assert_eq!(swe(&t, &gold, &gold), "passes_without_fix");
+        assert_eq!(swe(&t, &none, &none), "gold_does_not_resolve");
         let p2p_broken = run(0.0, &[("a.py::f", "FAILED"), ("a.py::p", "ERROR")]);
-        assert_eq!(
-            reason(&judge_swebench(&t, &[p2p_broken], &[gold.clone()])),
-            "p2p_fails_without_fix"
-        );
+        assert_eq!(swe(&t, &p2p_broken, &gold), "p2p_fails_without_fix");
         let mut t2 = t.clone();
         t2.fail_to_pass.push("a.py::g".into());
         let half = run(
@@ -617,10 +622,7 @@ mod tests {
                 ("a.py::p", "PASSED"),
             ],
         );
-        assert_eq!(
-            reason(&judge_swebench(&t2, &[half], &[gold2])),
-            "f2p_passes_without_fix"
-        );
+        assert_eq!(swe(&t2, &half, &gold2), "f2p_passes_without_fix");
         // A graded test that changes between runs of the same check is flaky, whatever run 1 said.
         let other = run(0.0, &[("a.py::f", "FAILED"), ("a.py::p", "FAILED")]);
         let v = judge_swebench(&t, &[none.clone(), other], &[gold.clone(), gold.clone()]);
@@ -635,10 +637,7 @@ mod tests {
         assert!(evidence["tests"]["a.py::p"].get("with_fix").is_none());
         let mut bad_apply = gold;
         bad_apply.apply = Some("failed".into());
-        assert_eq!(
-            reason(&judge_swebench(&t, &[none], &[bad_apply])),
-            "gold_patch_does_not_apply"
-        );
+        assert_eq!(swe(&t, &none, &bad_apply), "gold_patch_does_not_apply");
     }
 
     #[test]
@@ -646,19 +645,10 @@ mod tests {
         let zero = run(0.0, &[("reward", "0")]);
         let one = run(1.0, &[("reward", "1")]);
         let half = run(0.5, &[("correctness", "1"), ("performance", "0")]);
-        assert_eq!(reason(&judge_harbor(&[zero.clone()], &[one.clone()])), "valid");
-        assert_eq!(
-            reason(&judge_harbor(&[one.clone()], &[one.clone()])),
-            "passes_without_fix"
-        );
-        assert_eq!(
-            reason(&judge_harbor(&[half.clone()], &[one.clone()])),
-            "rewards_without_fix"
-        );
-        assert_eq!(
-            reason(&judge_harbor(&[zero.clone()], &[half])),
-            "gold_does_not_resolve"
-        );
+        assert_eq!(harbor(&zero, &one), "valid");
+        assert_eq!(harbor(&one, &one), "passes_without_fix");
+        assert_eq!(harbor(&half, &one), "rewards_without_fix");
+        assert_eq!(harbor(&zero, &half), "gold_does_not_resolve");
         assert_eq!(
             reason(&judge_harbor(
                 &[zero.clone(), zero],
