@@ -191,7 +191,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__filter__subcmd__tasks)
-            opts="-i -o -v -q -h -V --input --output --decisions --funnel --dry-run --keep-going --stages --no-rules --min-statement-chars --max-statement-chars --min-patch-lines --max-patch-lines --max-patch-files --max-test-patch-lines --max-test-patch-files --no-test-file-check --languages --licenses --exclude-instances --exclude-repos-of --validity-runs --images --trials --min-solved --max-solved --trials-per-task --solved-threshold --incomplete-trials --drop-saturated --saturation-groups --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --output --decisions --funnel --dry-run --keep-going --stages --no-rules --min-statement-chars --max-statement-chars --min-patch-lines --max-patch-lines --max-patch-files --max-test-patch-lines --max-test-patch-files --no-test-file-check --languages --licenses --exclude-instances --exclude-repos-of --validity-runs --images --jobs --trials --min-solved --max-solved --trials-per-task --solved-threshold --incomplete-trials --drop-saturated --saturation-groups --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -274,6 +274,14 @@ _lego__rl() {
                     return 0
                     ;;
                 --images)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --jobs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -j)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -59,8 +59,9 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l languag
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l licenses -d 'Rules: allowed licences, comma-separated (record `license` or `license_name`)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l exclude-instances -d 'Decontamination: drop tasks whose id (or gold patch) is in FILE (any accepted format or an id list)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l exclude-repos-of -d 'Decontamination: drop tasks from any repository of FILE\'s tasks' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l validity-runs -d 'Validity: repetitions of the with/without-fix check (needs sandboxes)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l images -d 'Validity: build-images\' manifest' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l validity-runs -d 'Validity: repetitions of the with/without-fix check; a graded test that differs between runs marks the task flaky (default 1)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l images -d 'Validity: build-images\' manifest of these tasks\' images (repeatable)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s j -l jobs -d 'Validity: sandbox runs in flight at once' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l trials -d 'Difficulty: trajectories of k reference-policy trials per task (rollout output)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-solved -d 'Difficulty: keep tasks solved at least this many times of k' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-solved -d 'Difficulty: keep tasks solved at most this many times of k' -r

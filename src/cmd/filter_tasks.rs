@@ -29,6 +29,9 @@ use crate::tasks::filter::{
 ///   lego-rl filter-tasks -i pool.jsonl.zst -o run/tasks.kept.jsonl.zst \
 ///       --exclude-instances swebench_verified_ids.txt --exclude-repos-of swebench_verified_ids.txt \
 ///       --trials ref-trials.jsonl.zst --decisions run/decisions.jsonl.zst --funnel run/funnel.csv
+///   lego-rl build-images -i run/tasks.kept.jsonl -o run/images.jsonl.zst
+///   lego-rl filter-tasks -i run/tasks.kept.jsonl -o run/tasks.valid.jsonl --stages validity \
+///       --images run/images.jsonl.zst --validity-runs 3 -j 4 --decisions run/validity.jsonl.zst
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
@@ -104,12 +107,16 @@ pub struct StageArgs {
     #[arg(long, value_name = "FILE", help_heading = "Decontamination")]
     pub exclude_repos_of: Option<PathBuf>,
 
-    /// Validity: repetitions of the with/without-fix check (needs sandboxes).
-    #[arg(long, value_name = "N", help_heading = "Validity")]
+    /// Validity: repetitions of the with/without-fix check; a graded test that differs between
+    /// runs marks the task flaky (default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Validity")]
     pub validity_runs: Option<u32>,
-    /// Validity: build-images' manifest.
+    /// Validity: build-images' manifest of these tasks' images (repeatable).
     #[arg(long, value_name = "FILE", help_heading = "Validity")]
-    pub images: Option<PathBuf>,
+    pub images: Vec<PathBuf>,
+    /// Validity: sandbox runs in flight at once.
+    #[arg(short, long, default_value_t = 2, value_name = "N", help_heading = "Validity")]
+    pub jobs: usize,
 
     /// Difficulty: trajectories of k reference-policy trials per task (rollout output).
     #[arg(long, value_name = "FILE", help_heading = "Difficulty band")]
@@ -139,7 +146,7 @@ pub struct StageArgs {
 }
 
 fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
-    let has_validity = a.stage.validity_runs.is_some() || a.stage.images.is_some();
+    let has_validity = a.stage.validity_runs.is_some() || !a.stage.images.is_empty();
     let has_decontam = a.stage.exclude_instances.is_some() || a.stage.exclude_repos_of.is_some();
     let stages: Vec<Stage> = match &a.stages {
         Some(s) => s.clone(),
@@ -170,6 +177,9 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
     if on(Stage::Difficulty) && a.stage.trials.is_empty() {
         anyhow::bail!("stage difficulty needs --trials FILE");
     }
+    if on(Stage::Validity) && a.stage.images.is_empty() {
+        anyhow::bail!("stage validity needs --images FILE (build-images' manifest of these tasks)");
+    }
     if on(Stage::Saturation) && a.stage.drop_saturated.is_empty() {
         anyhow::bail!("stage saturation needs --drop-saturated FILE");
     }
@@ -193,11 +203,8 @@ fn resolve(a: &FilterTasksArgs) -> anyhow::Result<Settings> {
     let validity = on(Stage::Validity).then(|| ValiditySettings {
         runs: a.stage.validity_runs.unwrap_or(1),
         images: a.stage.images.clone(),
+        jobs: a.stage.jobs.max(1),
     });
-    if let Some(v) = &validity {
-        // Fails before any input is read or any output opened.
-        filter::validity::checker(v)?;
-    }
     let load_set =
         |p: &PathBuf, what: &str| EvalSet::load(p).with_context(|| format!("loading {what} {}", p.display()));
     Ok(Settings {

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{sync_channel, Receiver};
 
 use indicatif::ProgressBar;
@@ -11,9 +12,10 @@ use serde_json::{json, Map, Value};
 
 use super::funnel::{Funnel, Stage};
 use super::trials::Incomplete;
-use super::{validity, Drop, FilterError, Settings};
+use super::validity::{Candidate, Validator, ValidityVerdict};
+use super::{Drop, FilterError, Settings};
 use crate::io::{is_stdio, AtomicWriter, Compression};
-use crate::records::{Record, TaskDecision};
+use crate::records::{Record, Task, TaskDecision};
 use crate::tasks::facts::content_hash;
 use crate::tasks::source::{classify, parse_record, render, InputKind, Parsed, RecordLines};
 use crate::tasks::{chunks, harbor, TaskError};
@@ -44,6 +46,43 @@ struct Evaluated {
     verdict: Result<Vec<(Stage, Value)>, (Stage, Drop)>,
     /// The output line, for records that passed every per-record stage.
     line: Option<Vec<u8>>,
+    /// The task to check in sandboxes, when the validity stage is on and the record passed the
+    /// stages before it.
+    candidate: Option<Box<Candidate>>,
+    /// The validity stage's evidence for a valid task.
+    validity: Option<Value>,
+}
+
+/// Where a record stands in the stage sequence.
+enum Step {
+    Dropped(Stage, Drop),
+    Kept,
+    /// Waiting for the validity verdict (the stage's index).
+    AtValidity(usize),
+}
+
+/// The directory a record's relative paths resolve against: its file's (a Harbor task
+/// directory's parent).
+fn record_dir(path: &Path) -> PathBuf {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() && !is_stdio(path) => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::canonicalize(&dir).unwrap_or(dir)
+}
+
+/// The record as a `Task` (SWE-bench records converted as on output).
+fn to_task(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed<'_>) -> Result<Task, TaskError> {
+    match parsed {
+        Parsed::Task(t, _, _) => Ok((**t).clone()),
+        Parsed::Swebench(..) => {
+            let bytes = render(path, line, text, parsed)?;
+            serde_json::from_slice(&bytes).map_err(|e| TaskError::Input {
+                path: path.to_path_buf(),
+                msg: format!("record {line}: converted task does not parse: {e}"),
+            })
+        }
+    }
 }
 
 /// A batch from the reader thread: (path, record number, text) or a read error.
@@ -85,6 +124,18 @@ fn evaluate(
     if let Some(sat) = &s.saturation {
         stage(Stage::Saturation, sat.check(&f.id));
     }
+    let before_validity = matches!(&verdict, Err((Stage::Rules | Stage::Decontamination, _)));
+    let candidate = if s.validity.is_some() && !before_validity {
+        match to_task(path, line, text, &parsed) {
+            Ok(task) => Some(Box::new(Candidate {
+                task,
+                dir: record_dir(path),
+            })),
+            Err(e) => return Eval::Bad(e),
+        }
+    } else {
+        None
+    };
     let line_out = match &verdict {
         Ok(()) if s.dry_run => None,
         Ok(()) => match render(path, line, text, &parsed) {
@@ -99,6 +150,8 @@ fn evaluate(
         dedupe_key: f.dedupe_key,
         verdict: verdict.map(|()| passed),
         line: line_out,
+        candidate,
+        validity: None,
     }))
 }
 
@@ -195,6 +248,10 @@ struct Sink<'a> {
     errors: u64,
     incomplete: Vec<String>,
     incomplete_count: u64,
+    /// The sandbox side of the validity stage, when it runs.
+    validator: Option<Validator>,
+    /// Sandbox runs finished (progress).
+    trials_done: AtomicU64,
 }
 
 impl Sink<'_> {
@@ -244,24 +301,107 @@ impl Sink<'_> {
     }
 
     fn take(&mut self, ev: Eval) -> Result<(), FilterError> {
-        let ev = match ev {
+        let mut ev = match ev {
             Eval::Bad(e) => return self.bad(e),
             Eval::Good(ev) => ev,
         };
+        self.ingest();
+        let step = self.advance(&mut ev, 0, None);
+        self.finish(&ev, step)
+    }
+
+    /// Takes a batch in input order; with the validity stage, first every record up to it, then
+    /// the sandbox checks of the survivors together (`-j` in flight), then the rest in order.
+    fn take_batch(&mut self, evals: Vec<Eval>, progress: &ProgressBar) -> Result<(), FilterError> {
+        if self.validator.is_none() {
+            for ev in evals {
+                self.take(ev)?;
+            }
+            return Ok(());
+        }
+        let mut items: Vec<Result<(Box<Evaluated>, Step), TaskError>> = Vec::with_capacity(evals.len());
+        for ev in evals {
+            match ev {
+                Eval::Bad(e) if !self.s.keep_going => return Err(e.into()),
+                Eval::Bad(e) => items.push(Err(e)),
+                Eval::Good(mut ev) => {
+                    self.ingest();
+                    let step = self.advance(&mut ev, 0, None);
+                    items.push(Ok((ev, step)));
+                }
+            }
+        }
+        let mut waiting = Vec::new();
+        let mut candidates = Vec::new();
+        for (i, item) in items.iter_mut().enumerate() {
+            if let Ok((ev, Step::AtValidity(_))) = item {
+                let c = ev.candidate.take().ok_or_else(|| TaskError::Input {
+                    path: PathBuf::from("-"),
+                    msg: format!("invariant: task {} reached validity without its task", ev.id),
+                })?;
+                waiting.push(i);
+                candidates.push(*c);
+            }
+        }
+        if !candidates.is_empty() {
+            let verdicts = match &self.validator {
+                Some(v) => {
+                    let done = &self.trials_done;
+                    v.check_all(&candidates, &|| {
+                        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                        progress.set_message(format!("filtering (validity: {n} sandbox runs)"));
+                    })
+                }
+                None => Vec::new(),
+            };
+            for (i, verdict) in waiting.into_iter().zip(verdicts) {
+                if let Ok((ev, step)) = &mut items[i] {
+                    if let Step::AtValidity(at) = *step {
+                        *step = self.advance(ev, at, Some(verdict));
+                    }
+                }
+            }
+        }
+        for item in items {
+            match item {
+                Err(e) => self.bad(e)?,
+                Ok((ev, step)) => self.finish(&ev, step)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a readable record in.
+    fn ingest(&mut self) {
         let c = self.funnel.stage_mut(Stage::Ingest);
         c.input += 1;
         c.output += 1;
+    }
+
+    /// Runs the stages from index `from`; pauses at validity until its verdict is given.
+    fn advance(&mut self, ev: &mut Evaluated, from: usize, mut validity: Option<ValidityVerdict>) -> Step {
         let want = self.decisions.is_some();
-        let mut last = Stage::Ingest;
-        for i in 0..self.stages.len() {
+        for i in from..self.stages.len() {
             let st = self.stages[i];
+            if st == Stage::Validity && validity.is_none() {
+                return Step::AtValidity(i);
+            }
             self.funnel.stage_mut(st).input += 1;
             let mut dropped: Option<Drop> = match &ev.verdict {
                 Err((at, d)) if *at == st => Some(d.clone()),
                 _ => None,
             };
             if st == Stage::Rules && dropped.is_none() {
-                dropped = self.duplicate(&ev, want);
+                dropped = self.duplicate(ev, want);
+            }
+            if st == Stage::Validity {
+                match validity.take() {
+                    Some(ValidityVerdict::Invalid { reason, evidence }) => {
+                        dropped = Some(Drop { reason, evidence });
+                    }
+                    Some(ValidityVerdict::Valid(evidence)) => ev.validity = Some(evidence),
+                    None => {}
+                }
             }
             let fail_incomplete = self
                 .s
@@ -280,32 +420,53 @@ impl Sink<'_> {
             if let Some(d) = dropped {
                 let c = self.funnel.stage_mut(st);
                 *c.reasons.entry(d.reason.clone()).or_default() += 1;
-                return self.decide(&ev.id, false, st, Some(d), Value::Null);
+                return Step::Dropped(st, d);
             }
             self.funnel.stage_mut(st).output += 1;
-            last = st;
         }
-        if let Some(out) = &mut self.out {
-            let line = ev.line.as_deref().ok_or_else(|| TaskError::Input {
+        Step::Kept
+    }
+
+    /// Writes a record's outcome (kept line, decision).
+    fn finish(&mut self, ev: &Evaluated, step: Step) -> Result<(), FilterError> {
+        match step {
+            Step::Dropped(st, d) => self.decide(&ev.id, false, st, Some(d), Value::Null),
+            Step::AtValidity(_) => Err(TaskError::Input {
                 path: PathBuf::from("-"),
-                msg: "invariant: a kept record has its output line".into(),
-            })?;
-            out.write_raw(line)?;
+                msg: format!("invariant: task {} left without a validity verdict", ev.id),
+            }
+            .into()),
+            Step::Kept => {
+                if let Some(out) = &mut self.out {
+                    let line = ev.line.as_deref().ok_or_else(|| TaskError::Input {
+                        path: PathBuf::from("-"),
+                        msg: "invariant: a kept record has its output line".into(),
+                    })?;
+                    out.write_raw(line)?;
+                }
+                self.kept += 1;
+                if self.decisions.is_some() {
+                    let mut map: Map<String, Value> = match &ev.verdict {
+                        Ok(passed) => passed
+                            .iter()
+                            .map(|(st, v)| (st.as_str().to_string(), v.clone()))
+                            .collect(),
+                        Err(_) => Map::new(),
+                    };
+                    if let Some(v) = &ev.validity {
+                        map.insert(Stage::Validity.as_str().to_string(), v.clone());
+                    }
+                    let evidence = if map.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::Object(map)
+                    };
+                    let last = self.stages.last().copied().unwrap_or(Stage::Ingest);
+                    self.decide(&ev.id, true, last, None, evidence)?;
+                }
+                Ok(())
+            }
         }
-        self.kept += 1;
-        if want {
-            let evidence = match &ev.verdict {
-                Ok(passed) if !passed.is_empty() => Value::Object(
-                    passed
-                        .iter()
-                        .map(|(st, v)| (st.as_str().to_string(), v.clone()))
-                        .collect::<Map<_, _>>(),
-                ),
-                _ => Value::Null,
-            };
-            self.decide(&ev.id, true, last, None, evidence)?;
-        }
-        Ok(())
     }
 
     fn duplicate(&mut self, ev: &Evaluated, want: bool) -> Option<Drop> {
@@ -332,9 +493,8 @@ impl Sink<'_> {
 
 /// Runs the funnel over every input and writes the outputs (all or nothing).
 pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError> {
-    if let Some(v) = &s.validity {
-        validity::checker(v)?;
-    }
+    // Connects to the engine and reads the manifest before any output is opened.
+    let validator = s.validity.as_ref().map(Validator::new).transpose()?;
     let stages = s.stages();
     let mut sink = Sink {
         s,
@@ -352,6 +512,8 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
         errors: 0,
         incomplete: Vec::new(),
         incomplete_count: 0,
+        validator,
+        trials_done: AtomicU64::new(0),
     };
     let want = s.decisions.is_some();
     // Inputs in the order given: record files through the reader thread, directories inline.
@@ -360,6 +522,7 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
         match kind {
             Err(e) => sink.bad(e)?,
             Ok(InputKind::HarborDirs(dirs)) => {
+                let mut evals = Vec::with_capacity(dirs.len());
                 for d in dirs {
                     let ev = match harbor::load(&d) {
                         Ok(task) => {
@@ -375,9 +538,10 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                         }
                         Err(e) => Eval::Bad(e),
                     };
-                    sink.take(ev)?;
+                    evals.push(ev);
                     progress.inc(1);
                 }
+                sink.take_batch(evals, progress)?;
             }
             Ok(InputKind::Records(path)) => {
                 let lines = match RecordLines::open(&path) {
@@ -401,9 +565,7 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                         let (evals, n) = evaluate_chunk(s, want, &path, &chunk.data, line);
                         line += n;
                         progress.inc(evals.len() as u64);
-                        for ev in evals {
-                            sink.take(ev)?;
-                        }
+                        sink.take_batch(evals, progress)?;
                         if let Some(end) = chunk.end {
                             sink.bad(TaskError::Io(end.into_error(&path, line)))?;
                         }
@@ -419,9 +581,7 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                         })
                         .collect();
                     progress.inc(evals.len() as u64);
-                    for ev in evals {
-                        sink.take(ev)?;
-                    }
+                    sink.take_batch(evals, progress)?;
                     if let Some(e) = err {
                         // A file that cannot be read further: recorded (keep-going) or fatal.
                         sink.bad(e)?;

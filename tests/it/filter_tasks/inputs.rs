@@ -123,7 +123,7 @@ fn harbor_directories_and_task_records_are_inputs_too() {
 }
 
 #[test]
-fn validity_stage_says_it_needs_sandboxes() {
+fn stages_say_what_input_they_need() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("kept.jsonl");
     let (code, _, stderr) = filter(
@@ -131,10 +131,28 @@ fn validity_stage_says_it_needs_sandboxes() {
         &["-o", out.to_str().unwrap(), "--validity-runs", "3"],
     );
     assert_eq!(code, 2);
-    assert!(
-        stderr.contains("validity stage requires sandbox support (not yet available)"),
-        "{stderr}"
+    assert!(stderr.contains("stage validity needs --images FILE"), "{stderr}");
+    assert!(!out.exists());
+    let (code, _, stderr) = filter(
+        &real_pool(),
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--validity-runs",
+            "0",
+            "--images",
+            "x",
+        ],
     );
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--validity-runs"), "{stderr}");
+    let missing = dir.path().join("no-such-manifest.jsonl.zst");
+    let (code, _, stderr) = filter(
+        &real_pool(),
+        &["-o", out.to_str().unwrap(), "--images", missing.to_str().unwrap()],
+    );
+    assert_eq!(code, 2);
+    assert!(stderr.contains("no-such-manifest.jsonl.zst"), "{stderr}");
     assert!(!out.exists());
     let (code, _, stderr) = filter(
         &real_pool(),

@@ -1,9 +1,11 @@
 //! filter-tasks through the binary: rules and decontamination on real SWE-bench records and on
 //! a generated pool (here), the difficulty band and saturation from synthetic trajectories
-//! ([`trials`]), bad input and the other input formats ([`inputs`]).
+//! ([`trials`]), bad input and the other input formats ([`inputs`]), the validity stage in
+//! sandboxes ([`validity`]).
 
 mod inputs;
 mod trials;
+mod validity;
 
 use std::path::{Path, PathBuf};
 
