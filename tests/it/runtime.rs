@@ -152,6 +152,21 @@ fn mini_swe_agent_runtime_is_built_once_and_mounted_read_only() {
         outs[3].stderr
     );
 
+    // A cache, not a run object: labelled as a runtime, without the run/trial labels the
+    // per-run cleanup sweep removes by.
+    let labels = Command::new("docker")
+        .args(["volume", "inspect", "--format", "{{json .Labels}}", &vol.name])
+        .output()
+        .expect("docker cli");
+    let labels: std::collections::HashMap<String, String> =
+        serde_json::from_slice(&labels.stdout).expect("labels json");
+    assert_eq!(labels.get("lego-rl.runtime"), Some(&h.config.name));
+    assert_eq!(labels.get("lego-rl.runtime-hash"), Some(&vol.hash));
+    assert!(
+        !labels.contains_key(LABEL_RUN) && !labels.contains_key("lego-rl.trial"),
+        "{labels:?}"
+    );
+
     let again = rt
         .block_on(ensure_runtime(&engine, &h, DEFAULT_BASE_IMAGE, &cache))
         .expect("second ensure");
