@@ -169,6 +169,10 @@ impl Task {
         if let Some(Grader::Harbor { tests_dir }) = self.grader.as_mut() {
             fix(tests_dir);
         }
+        // Harbor's reference solution (filter-tasks' validity stage runs it).
+        if let Some(serde_json::Value::String(s)) = self.metadata.get_mut("solution_dir") {
+            fix(s);
+        }
         changed
     }
 }
