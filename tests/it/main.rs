@@ -9,6 +9,7 @@ mod io;
 mod model;
 mod proxy;
 mod report;
+mod rollout;
 mod sandbox;
 mod synth;
 mod train;
