@@ -22,6 +22,15 @@ torch_version=2.11.0
 say() { printf 'setup: %s\n' "$*" >&2; }
 
 mkdir -p "$cache"
+# The loop scripts (scripts/loop.sh, examples/slurm) slice zstd JSONL with the zstd CLI.
+if ! command -v zstd >/dev/null; then
+  say "installing the zstd CLI"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 && apt-get install -y -qq zstd >&2
+  else
+    say "warning: no zstd CLI and no root apt-get; install zstd for scripts/loop.sh"
+  fi
+fi
 if [ ! -x "$venv/bin/python" ]; then
   say "creating venv $venv"
   python3 -m venv "$venv"

@@ -167,6 +167,32 @@ impl Proxy {
         });
         Ok((bound, handle))
     }
+
+    /// Serves on a unix socket at `path` in the background (the transport sandboxes use: the
+    /// socket is bind-mounted into each trial container, where a relay forwards a loopback port to
+    /// it — see [`crate::sandbox::relay`]). A stale socket file at `path` is replaced; the socket is
+    /// made connectable by any user, so access control is the directory it lives in plus the
+    /// per-trial token in the URL.
+    pub async fn serve_unix(&self, path: &std::path::Path) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = tokio::net::UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+        let app = self.router();
+        Ok(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!("proxy server stopped: {e}");
+            }
+        }))
+    }
 }
 
 // Tests: tests/it/proxy.rs drives the server over HTTP with the embedded engine.

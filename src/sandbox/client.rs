@@ -50,8 +50,10 @@ pub struct ContainerSpec {
     pub memory_bytes: Option<i64>,
     pub nano_cpus: Option<i64>,
     pub pids_limit: Option<i64>,
-    /// Read-only bind mounts `host:container:ro` (agent runtimes).
+    /// Bind mounts `host:container[:ro]` (agent runtimes, the proxy socket).
     pub binds: Vec<String>,
+    /// Main process; `None` idles (`sleep infinity`) until commands are exec'd.
+    pub cmd: Option<Vec<String>>,
 }
 
 /// A connection to the container engine.
@@ -165,7 +167,8 @@ impl Engine {
         }
     }
 
-    /// Creates (not starts) a container that idles (`sleep infinity`) until commands are exec'd in it.
+    /// Creates (not starts) a container running `spec.cmd` (default: idle with `sleep infinity`)
+    /// as root; commands are exec'd in it.
     pub async fn create_container(&self, spec: &ContainerSpec) -> Result<String, SandboxError> {
         let host = HostConfig {
             network_mode: Some(spec.network.clone()),
@@ -186,7 +189,12 @@ impl Engine {
         };
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
-            cmd: Some(vec!["sleep".into(), "infinity".into()]),
+            cmd: Some(
+                spec.cmd
+                    .clone()
+                    .unwrap_or_else(|| vec!["sleep".into(), "infinity".into()]),
+            ),
+            user: Some("root".into()),
             labels: Some(spec.labels.clone()),
             env: Some(spec.env.clone()),
             network_disabled: Some(spec.network == "none"),

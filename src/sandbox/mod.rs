@@ -1,15 +1,17 @@
 //! Sandboxes on a Docker-compatible engine: content-addressed task images ([`images`]), one isolated
-//! container per trial with stage-wise timeouts ([`trial`]), and the engine client they share
-//! ([`client`]).
+//! container per trial with stage-wise timeouts ([`trial`]), the relay that is a trial's only way
+//! out, to the proxy ([`relay`]), and the engine client they share ([`client`]).
 //!
 //! Trust boundary: the agent inside a trial is untrusted. Its container runs as a non-root user with
-//! pids/memory/CPU limits, no Docker socket, on an internal network with no host address, and sees
+//! pids/memory/CPU limits, no Docker socket, on an internal network with no host address (its only
+//! endpoint is the proxy, through [`relay`]), and sees
 //! the repository squashed to one commit with the test-patch files hidden. Grading happens in a fresh
 //! container from the pristine image, so nothing the agent did to its container except its diff
 //! reaches the grader.
 
 pub mod client;
 pub mod images;
+pub mod relay;
 pub mod tar;
 pub mod trial;
 

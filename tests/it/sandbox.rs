@@ -5,14 +5,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
 use futures::StreamExt;
+use lego_rl::chat::ChatFormat;
+use lego_rl::engine::embedded::EmbeddedBackend;
 use lego_rl::io::{read_all, ReadOptions};
+use lego_rl::proxy::{Proxy, ProxyConfig};
 use lego_rl::records::{ImageRecord, Task, Termination};
-use lego_rl::sandbox::{Engine, Trial, TrialLimits, TrialResult, LABEL_RUN};
+use lego_rl::sandbox::{relay, Engine, Trial, TrialLimits, TrialResult, LABEL_RUN};
 
 use crate::common::lego;
 
@@ -386,8 +389,46 @@ fn gates_hold_from_inside_a_trial() {
     targets.push(format!("127.0.0.1:{port}"));
     let runtime_dir = tempfile::tempdir().expect("runtime dir");
     std::fs::write(runtime_dir.path().join("harness.txt"), "runtime\n").expect("write");
+    // The real proxy (embedded tiny model) on a unix socket: the trial's only way out.
+    let sock_dir = tempfile::tempdir().expect("socket dir");
+    let sock = sock_dir.path().join("proxy.sock");
+    let proxy = rt.block_on(async {
+        let backend =
+            Arc::new(EmbeddedBackend::start(&crate::model::tiny_moe(), tch::Device::Cpu).expect("engine"));
+        let dir = root().join("testdata/tokenizer/qwen3");
+        let chat = ChatFormat::from_parts(
+            &dir.join("tokenizer.json"),
+            &dir.join("tokenizer_config.json"),
+            None,
+        )
+        .expect("chat format");
+        let mut cfg = ProxyConfig::default();
+        cfg.sampling.max_tokens = Some(3);
+        let proxy = Proxy::new(Arc::new(chat), backend, cfg);
+        proxy.serve_unix(&sock).await.expect("serve on a unix socket");
+        proxy
+    });
+    let (token, captured) = proxy.register_trial("gates");
+    let url = relay::proxy_url(&token);
+    let ask = format!(
+        r#"python3 - <<'EOF'
+import json, sys, urllib.request
+req = urllib.request.Request("{url}/v1/chat/completions", method="POST",
+    data=json.dumps({{"model": "policy", "max_tokens": 3, "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
+    headers={{"content-type": "application/json"}})
+try:
+    r = urllib.request.urlopen(req, timeout=60)
+    print("PROXY%s=%d %s" % (sys.argv[1] if len(sys.argv) > 1 else "", r.status, json.load(r)["object"]))
+except Exception as e:
+    print("PROXY=failed %r" % e)
+EOF"#
+    );
     let probe = format!(
         r#"
+{ask}
+pkill -KILL -u root python3 2>/dev/null; echo "RELAYUP=$(pgrep -u root -c python3)"
+{ask2}
+echo "FILE=$(cat /home/agent/.config/probe/config.txt) $(stat -c %U /home/agent/.config/probe/config.txt)"
 echo "UID=$(id -u)"
 echo "COMMITS=$(git log --all --oneline | wc -l)"
 echo "REFLOG=$(git reflog | wc -l)"
@@ -420,12 +461,31 @@ EOF
 python3 -c "b = b'x' * (400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null; echo "MEMEXIT=$?"
 "#,
         targets = targets.join(" "),
+        ask2 = ask.replace("python3 - <<'EOF'", "python3 - 2 <<'EOF'"),
     );
     let mut limits = TrialLimits::for_task(&task);
     limits.memory_bytes = 256 << 20;
     limits.pids = 256;
     let bind = format!("{}:/opt/lego-agent:ro", runtime_dir.path().display());
-    let r = rt.block_on(trial(&engine, &task, &run, "gates", limits, vec![bind], &probe));
+    let r = rt.block_on(
+        Trial::new(
+            engine.clone(),
+            task.clone(),
+            task_root(),
+            images()[&task.id].image.clone(),
+            &run,
+            "gates",
+            limits,
+            Vec::new(),
+            vec![bind],
+        )
+        .with_proxy_socket(sock.clone())
+        .with_files(vec![(
+            "/home/agent/.config/probe/config.txt".into(),
+            b"written".to_vec(),
+        )])
+        .run(&probe),
+    );
     let _ = Command::new("docker").args(["rm", "-f", &side]).output();
     drop(canary);
     let log = r.agent_log.clone().unwrap_or_default();
@@ -436,6 +496,12 @@ python3 -c "b = b'x' * (400 * 1024 * 1024); print('MEM=survived')" 2>/dev/null; 
             .unwrap_or_else(|| panic!("{k} missing in {log}"))
     };
     assert_ne!(val("UID"), "0", "agent runs as root");
+    // The proxy answers through the relay, and the agent cannot kill the relay.
+    assert_eq!(val("PROXY"), "200 chat.completion", "{log}");
+    assert_eq!(val("RELAYUP"), "1", "the agent killed the relay: {log}");
+    assert_eq!(val("PROXY2"), "200 chat.completion", "{log}");
+    assert_eq!(captured.generations().len(), 2, "both requests captured");
+    assert_eq!(val("FILE"), "written agent");
     assert_eq!(val("COMMITS"), "1", "history not squashed");
     assert_eq!(val("REFS"), "1");
     assert!(val("REFLOG").parse::<u32>().expect("n") <= 1);

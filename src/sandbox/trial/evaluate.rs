@@ -55,6 +55,7 @@ impl Trial {
             nano_cpus: Some(self.limits.nano_cpus),
             pids_limit: Some(self.limits.pids),
             binds: Vec::new(),
+            cmd: None,
         };
         let id = self.engine.create_container(&spec).await?;
         self.eval_container = Some(id.clone());

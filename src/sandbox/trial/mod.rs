@@ -2,7 +2,8 @@
 //! time-limited and classified, so every trial yields exactly one [`TrialResult`].
 //!
 //! - setup: a container from the task image on its own internal network (no host address, no route
-//!   out), non-root `agent` user, pids/memory/CPU limits, no Docker socket; the repository reset to the
+//!   out; with [`Trial::with_proxy_socket`] its main process is the [`relay`] to the proxy, the only
+//!   reachable endpoint), the caller's files written ([`Trial::with_files`]), non-root `agent` user, pids/memory/CPU limits, no Docker socket; the repository reset to the
 //!   base commit and its history squashed to a single fresh commit (`rm -rf .git; git init`), so no
 //!   ref, reflog, stash or object of the fix exists; files of the test patch are at their pre-patch
 //!   state (absent when the patch creates them).
@@ -27,6 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod evaluate;
 
 use super::images::{slug, DEFAULT_WORKDIR};
+use super::relay;
 use super::{ContainerSpec, Engine, ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
 use crate::records::{AuditEvent, Grader, GraderResult, StageTiming, Task, Termination};
 
@@ -144,6 +146,10 @@ pub struct Trial {
     network: Option<String>,
     eval_container: Option<String>,
     base_hash: Option<String>,
+    /// Host path of the proxy's unix socket (see [`super::relay`]); `None`: no way out at all.
+    proxy_socket: Option<PathBuf>,
+    /// Files written into the container after setup, owned by the agent user.
+    files: Vec<(String, Vec<u8>)>,
     pub stages: BTreeMap<String, StageTiming>,
     pub audit: Vec<AuditEvent>,
 }
@@ -185,9 +191,26 @@ impl Trial {
             network: None,
             eval_container: None,
             base_hash: None,
+            proxy_socket: None,
+            files: Vec::new(),
             stages: BTreeMap::new(),
             audit: Vec::new(),
         }
+    }
+
+    /// Makes the proxy listening on the unix socket `host_socket` the trial's only reachable
+    /// endpoint, at [`super::relay::proxy_url`] inside the container. The socket must exist
+    /// before [`Trial::setup`] (a missing bind source would be created as a directory).
+    pub fn with_proxy_socket(mut self, host_socket: PathBuf) -> Self {
+        self.proxy_socket = Some(host_socket);
+        self
+    }
+
+    /// Files (absolute path in the container → bytes) written after setup, before the agent
+    /// stage, owned by the agent user (harness config files, the instruction).
+    pub fn with_files(mut self, files: Vec<(String, Vec<u8>)>) -> Self {
+        self.files = files;
+        self
     }
 
     fn name(&self, suffix: &str) -> String {
@@ -255,6 +278,18 @@ impl Trial {
         let net = self.name("-net");
         self.engine.create_network(&net, self.labels()).await?;
         self.network = Some(net.clone());
+        let mut binds = self.binds.clone();
+        let mut cmd = None;
+        if let Some(sock) = &self.proxy_socket {
+            if !sock.exists() {
+                return Err(SandboxError::Stage {
+                    stage: "setup",
+                    message: format!("proxy socket {} does not exist", sock.display()),
+                });
+            }
+            binds.push(format!("{}:{}", sock.display(), relay::SOCKET));
+            cmd = Some(relay::command());
+        }
         let spec = ContainerSpec {
             name: self.name(""),
             image: self.image.clone(),
@@ -264,11 +299,24 @@ impl Trial {
             memory_bytes: Some(self.limits.memory_bytes),
             nano_cpus: Some(self.limits.nano_cpus),
             pids_limit: Some(self.limits.pids),
-            binds: self.binds.clone(),
+            binds,
+            cmd,
         };
         let id = self.engine.create_container(&spec).await?;
         self.container = Some(id.clone());
         self.engine.start_container(&id).await?;
+        if self.proxy_socket.is_some() {
+            let out = self
+                .engine
+                .exec(&id, "root", "/", &[], &relay::wait_script(), self.limits.setup)
+                .await?;
+            if !out.ok() {
+                return Err(SandboxError::Stage {
+                    stage: "setup",
+                    message: format!("proxy relay: {}", tail(&out.stderr, 2000)),
+                });
+            }
+        }
         let wd = sh_quote(&self.workdir);
         let script = if self.is_swebench() {
             let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
@@ -298,6 +346,41 @@ impl Trial {
             });
         }
         self.base_hash = Some(out.stdout.trim().to_string()).filter(|h| h != "none");
+        if !self.files.is_empty() {
+            // Parent directories are made by the agent user (so they are the agent's where it may
+            // create them at all); the upload runs as root, then the files are handed over.
+            let parents: BTreeSet<String> = self
+                .files
+                .iter()
+                .filter_map(|(p, _)| std::path::Path::new(p).parent())
+                .map(|p| sh_quote(&p.to_string_lossy()))
+                .collect();
+            let mut tar = super::tar::TarBuilder::new();
+            for (path, bytes) in &self.files {
+                tar.file(path.trim_start_matches('/'), bytes, 0o644);
+            }
+            let owned: Vec<String> = self.files.iter().map(|(p, _)| sh_quote(p)).collect();
+            let mkdir = format!("mkdir -p {}", parents.into_iter().collect::<Vec<_>>().join(" "));
+            let chown = format!("chown {AGENT_USER}:{AGENT_USER} {}", owned.join(" "));
+            let out = self
+                .engine
+                .exec(&id, AGENT_USER, "/", &[], &mkdir, self.limits.setup)
+                .await?;
+            let out = if out.ok() {
+                self.engine.upload(&id, "/", tar.finish()).await?;
+                self.engine
+                    .exec(&id, "root", "/", &[], &chown, self.limits.setup)
+                    .await?
+            } else {
+                out
+            };
+            if !out.ok() {
+                return Err(SandboxError::Stage {
+                    stage: "setup",
+                    message: format!("writing agent files: {}", tail(&out.stderr, 2000)),
+                });
+            }
+        }
         Ok(())
     }
 
