@@ -112,7 +112,7 @@ pub struct RolloutArgs {
     /// Image the harness runtime is installed with.
     #[arg(long, default_value = DEFAULT_BASE_IMAGE)]
     pub base_image: String,
-    /// Cache of harness runtimes (default ~/.cache/lego-rl/runtimes).
+    /// Cache of harness runtime downloads and locks (default $LEGO_RL_CACHE, else ~/.cache/lego-rl).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Device of the embedded engine: cpu, cuda or cuda:N.
@@ -125,12 +125,10 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     let temperature = args
         .temperature
         .unwrap_or(if args.mode == "eval" { 0.7 } else { 1.0 });
-    let cache_dir = args.cache_dir.clone().unwrap_or_else(|| {
-        std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."))
-            .join(".cache/lego-rl/runtimes")
-    });
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(crate::sandbox::runtime::default_cache_dir);
     let cfg = RolloutConfig {
         tasks: args.input,
         images: args.images,
