@@ -81,8 +81,8 @@ pub struct RolloutArgs {
     #[arg(long, default_value_t = 1)]
     pub max_staleness: u64,
     /// train or eval (recorded in every trajectory; sets the default temperature).
-    #[arg(long, default_value = "train", value_parser = ["train", "eval"])]
-    pub mode: String,
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: Mode,
     /// Sampling temperature (default 1.0 for train, 0.7 for eval); requests may override it.
     #[arg(long)]
     pub temperature: Option<f64>,
@@ -120,11 +120,18 @@ pub struct RolloutArgs {
     pub device: String,
 }
 
+/// What the trajectories are for.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Train,
+    Eval,
+}
+
 /// Runs `rollout`.
 pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     let temperature = args
         .temperature
-        .unwrap_or(if args.mode == "eval" { 0.7 } else { 1.0 });
+        .unwrap_or(if args.mode == Mode::Eval { 0.7 } else { 1.0 });
     let cache_dir = args
         .cache_dir
         .clone()
@@ -155,7 +162,10 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         agent_timeout: args.agent_timeout.map(Duration::from_secs_f64),
         forced: args.forced,
         run_id: args.run_id,
-        mode: args.mode,
+        mode: match args.mode {
+            Mode::Train => "train".into(),
+            Mode::Eval => "eval".into(),
+        },
         base_image: args.base_image,
         cache_dir,
         device: args.device,

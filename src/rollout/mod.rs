@@ -199,10 +199,7 @@ fn task_root(tasks: &Path) -> PathBuf {
 }
 
 /// Tasks with a usable image, and how many had none.
-fn usable_tasks(
-    tasks: Vec<Task>,
-    images: &[ImageRecord],
-) -> (Vec<(Task, String)>, u64) {
+fn usable_tasks(tasks: Vec<Task>, images: &[ImageRecord]) -> (Vec<(Task, String)>, u64) {
     let by_task: HashMap<&str, &ImageRecord> = images
         .iter()
         .filter(|r| r.error.is_none())
@@ -249,8 +246,12 @@ async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backend>, PathBuf
     };
     Ok(match &cfg.backend {
         BackendSpec::Embedded(dir) => {
-            let device = crate::model::parse_device(&cfg.device)
-                .ok_or_else(|| err("embedded", format!("unknown device `{}` (cpu, cuda, cuda:N)", cfg.device)))?;
+            let device = crate::model::parse_device(&cfg.device).ok_or_else(|| {
+                err(
+                    "embedded",
+                    format!("unknown device `{}` (cpu, cuda, cuda:N)", cfg.device),
+                )
+            })?;
             let dir2 = dir.clone();
             let b = tokio::task::spawn_blocking(move || EmbeddedBackend::start(&dir2, device))
                 .await
@@ -276,12 +277,15 @@ async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backend>, PathBuf
 }
 
 fn load_chat(dir: &Path) -> Result<ChatFormat, RolloutError> {
-    ChatFormat::from_parts(&dir.join("tokenizer.json"), &dir.join("tokenizer_config.json"), None).map_err(
-        |e| RolloutError::Chat {
-            path: dir.to_path_buf(),
-            msg: format!("{e:#}"),
-        },
+    ChatFormat::from_parts(
+        &dir.join("tokenizer.json"),
+        &dir.join("tokenizer_config.json"),
+        None,
     )
+    .map_err(|e| RolloutError::Chat {
+        path: dir.to_path_buf(),
+        msg: format!("{e:#}"),
+    })
 }
 
 /// Progress: one spinner per running trial plus a totals bar; hidden unless enabled.
@@ -324,7 +328,9 @@ impl Progress {
             return ProgressBar::hidden();
         }
         let b = self.multi.add(ProgressBar::new_spinner());
-        b.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("invariant: valid template"));
+        b.set_style(
+            ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("invariant: valid template"),
+        );
         b.set_message(id.to_string());
         b.enable_steady_tick(Duration::from_millis(250));
         b
@@ -641,7 +647,10 @@ mod tests {
             BackendSpec::Vllm("http://h:8000".into())
         );
         assert!("sglang:".parse::<BackendSpec>().is_err());
-        assert!("tgi:http://x".parse::<BackendSpec>().unwrap_err().contains("unknown backend"));
+        assert!("tgi:http://x"
+            .parse::<BackendSpec>()
+            .unwrap_err()
+            .contains("unknown backend"));
         assert!("nothing".parse::<BackendSpec>().is_err());
     }
 

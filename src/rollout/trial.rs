@@ -40,7 +40,11 @@ pub fn agent_script(launch: &Launch, workdir: &str) -> String {
         s.push_str(&format!("export {k}={}\n", sh_quote(v)));
     }
     let argv: Vec<String> = launch.argv.iter().map(|a| sh_quote(a)).collect();
-    let stdin = if launch.stdin.is_some() { STDIN_FILE } else { "/dev/null" };
+    let stdin = if launch.stdin.is_some() {
+        STDIN_FILE
+    } else {
+        "/dev/null"
+    };
     s.push_str(&format!("exec {} < {}\n", argv.join(" "), sh_quote(stdin)));
     s
 }
@@ -242,7 +246,15 @@ pub fn classify(
 
 /// Paths a command may touch without being counted as reading outside the repository.
 const OWN_PREFIXES: &[&str] = &[
-    "/tmp", "/dev/", "/usr/", "/bin/", "/sbin/", "/lib", "/etc/alternatives", "/proc/self/fd", "/opt/lego-agent",
+    "/tmp",
+    "/dev/",
+    "/usr/",
+    "/bin/",
+    "/sbin/",
+    "/lib",
+    "/etc/alternatives",
+    "/proc/self/fd",
+    "/opt/lego-agent",
 ];
 
 /// Audit events from the commands the agent ran (tool-call arguments of its generations):
@@ -263,15 +275,23 @@ pub fn audit_tool_calls(shared: &Shared, generations: &[Generation], workdir: &s
             let text = serde_json::from_str::<Value>(&call.arguments)
                 .ok()
                 .and_then(|v| {
-                    v.as_object()
-                        .map(|o| o.values().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"))
+                    v.as_object().map(|o| {
+                        o.values()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
                 })
                 .unwrap_or_else(|| call.arguments.clone());
-            out.extend(audit_command(&text, workdir).into_iter().map(|(kind, detail)| AuditEvent {
-                kind: kind.into(),
-                detail,
-                generation: Some(g.index),
-            }));
+            out.extend(
+                audit_command(&text, workdir)
+                    .into_iter()
+                    .map(|(kind, detail)| AuditEvent {
+                        kind: kind.into(),
+                        detail,
+                        generation: Some(g.index),
+                    }),
+            );
         }
     }
     out
@@ -285,14 +305,28 @@ pub fn audit_command(cmd: &str, workdir: &str) -> Vec<(&'static str, String)> {
         let after = cmd[i + 4..].chars().next();
         !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     });
-    let history = ["git log", "git reflog", "git show", "git fsck", "git cat-file", "git stash list", "git checkout "]
-        .iter()
-        .any(|p| cmd.contains(p));
+    let history = [
+        "git log",
+        "git reflog",
+        "git show",
+        "git fsck",
+        "git cat-file",
+        "git stash list",
+        "git checkout ",
+    ]
+    .iter()
+    .any(|p| cmd.contains(p));
     if touches_git_dir || history {
         out.push(("git_history", short.clone()));
     }
     let home = format!("{AGENT_HOME}/");
-    for word in cmd.split(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | ';' | '|' | '&' | '(' | ')' | '=' | ',')) {
+    for word in cmd.split(|c: char| {
+        c.is_whitespace()
+            || matches!(
+                c,
+                '"' | '\'' | '<' | '>' | ';' | '|' | '&' | '(' | ')' | '=' | ','
+            )
+    }) {
         if !word.starts_with('/') || word.len() < 2 {
             continue;
         }
@@ -323,8 +357,14 @@ mod tests {
     #[test]
     fn classification_refines_the_sandbox() {
         let ok = vec![gen(0, "ok"), gen(0, "ok"), gen(1, "ok")];
-        assert_eq!(classify(&Termination::Finished, Some(0), &ok, &[], 50), Termination::Finished);
-        assert_eq!(classify(&Termination::Finished, Some(0), &ok, &[], 2), Termination::MaxTurns);
+        assert_eq!(
+            classify(&Termination::Finished, Some(0), &ok, &[], 50),
+            Termination::Finished
+        );
+        assert_eq!(
+            classify(&Termination::Finished, Some(0), &ok, &[], 2),
+            Termination::MaxTurns
+        );
         assert_eq!(
             classify(&Termination::AgentCrash, Some(3), &ok, &[3], 50),
             Termination::MaxTurns
@@ -339,7 +379,10 @@ mod tests {
             error: Some("prompt of 5000 tokens does not fit the context of 4096 tokens".into()),
             ..Default::default()
         });
-        assert_eq!(classify(&Termination::AgentCrash, Some(1), &ctx, &[], 50), Termination::ContextLimit);
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(1), &ctx, &[], 50),
+            Termination::ContextLimit
+        );
         let mut down = ok.clone();
         down.push(gen(0, "infra_error"));
         assert_eq!(
@@ -352,7 +395,8 @@ mod tests {
 
     #[test]
     fn audit_finds_git_and_outside_paths() {
-        let kinds = |c: &str| -> Vec<&str> { audit_command(c, "/testbed").into_iter().map(|(k, _)| k).collect() };
+        let kinds =
+            |c: &str| -> Vec<&str> { audit_command(c, "/testbed").into_iter().map(|(k, _)| k).collect() };
         assert_eq!(kinds("ls -la .git/refs"), ["git_history"]);
         assert_eq!(kinds("git log --oneline"), ["git_history"]);
         assert!(kinds("cat .gitignore").is_empty());
@@ -365,7 +409,11 @@ mod tests {
     #[test]
     fn agent_script_quotes_everything() {
         let launch = Launch {
-            argv: vec!["/opt/lego-agent/bin/mini".into(), "-t".into(), "it's a task".into()],
+            argv: vec![
+                "/opt/lego-agent/bin/mini".into(),
+                "-t".into(),
+                "it's a task".into(),
+            ],
             env: BTreeMap::from([("HOME".to_string(), "/home/agent".to_string())]),
             files: BTreeMap::from([("cfg.yaml".to_string(), "a: 1".to_string())]),
             stdin: Some("hello".into()),

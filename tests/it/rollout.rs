@@ -24,7 +24,10 @@ fn root() -> PathBuf {
 }
 
 fn docker(args: &[&str]) -> std::process::Output {
-    Command::new("docker").args(args).output().expect("docker CLI runs")
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI runs")
 }
 
 fn docker_ok() -> bool {
@@ -48,7 +51,9 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static FX: OnceLock<Fixture> = OnceLock::new();
     FX.get_or_init(|| {
-        let have_base = docker(&["image", "inspect", "lego-rl/base:trixie"]).status.success();
+        let have_base = docker(&["image", "inspect", "lego-rl/base:trixie"])
+            .status
+            .success();
         if !have_base {
             let st = Command::new(root().join("scripts/bootstrap-base-image.sh"))
                 .status()
@@ -71,7 +76,11 @@ fn fixture() -> &'static Fixture {
             .arg(&images)
             .output()
             .unwrap();
-        assert!(out.status.success(), "build-images: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "build-images: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Fixture { tasks, images }
     })
 }
@@ -98,7 +107,10 @@ fn rollout_args(out: &Path, extra: &[&str]) -> Vec<String> {
         "--images".into(),
         fx.images.display().to_string(),
         "--harness".into(),
-        root().join("examples/harnesses/mini-swe-agent.toml").display().to_string(),
+        root()
+            .join("examples/harnesses/mini-swe-agent.toml")
+            .display()
+            .to_string(),
         "--backend".into(),
         format!("embedded:{}", tiny_moe().display()),
         "--chat-model".into(),
@@ -115,7 +127,14 @@ fn rollout_args(out: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 fn read(out: &Path) -> Vec<Trajectory> {
-    read_all(out, ReadOptions { strict: true, ..Default::default() }).unwrap()
+    read_all(
+        out,
+        ReadOptions {
+            strict: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn leftovers(run_id: &str) -> String {
@@ -130,7 +149,12 @@ fn tool_results(request: &Value) -> Vec<String> {
         .map(|m| {
             m.iter()
                 .filter(|m| m["role"] == "tool")
-                .map(|m| m["content"].as_str().map(str::to_string).unwrap_or_else(|| m["content"].to_string()))
+                .map(|m| {
+                    m["content"]
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| m["content"].to_string())
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -148,7 +172,11 @@ fn check_good(t: &Trajectory, chat: &ChatFormat) {
     assert!(!t.infra_failure);
     assert_eq!(t.reward, Some(1.0), "grader: {:?}", t.grader);
     let script = &forced_scripts()[0];
-    assert_eq!(t.generations.len(), script.len(), "one model call per scripted turn");
+    assert_eq!(
+        t.generations.len(),
+        script.len(),
+        "one model call per scripted turn"
+    );
     let im_end = chat.special().im_end.unwrap();
     for (g, text) in t.generations.iter().zip(script) {
         assert_eq!(g.status.as_deref(), Some("ok"), "{g:?}");
@@ -163,7 +191,10 @@ fn check_good(t: &Trajectory, chat: &ChatFormat) {
     }
     // The commands ran in the sandbox: the harness fed their real output back.
     let grep = tool_results(&t.generations[1].request).join("\n");
-    assert!(grep.contains("number % 10 in (11, 12, 13)"), "grep output: {grep}");
+    assert!(
+        grep.contains("number % 10 in (11, 12, 13)"),
+        "grep output: {grep}"
+    );
     let pytest = tool_results(&t.generations[3].request).join("\n");
     assert!(pytest.contains("passed"), "pytest output: {pytest}");
     assert!(!pytest.contains("failed"), "pytest output: {pytest}");
@@ -171,12 +202,18 @@ fn check_good(t: &Trajectory, chat: &ChatFormat) {
     assert!(diff.contains("+    if number % 100 in (11, 12, 13):"), "{diff}");
     let grader = t.grader.as_ref().expect("grader");
     assert_eq!(
-        grader.tests.get("tests_lego/test_regression.py::test_teens_take_th").map(String::as_str),
+        grader
+            .tests
+            .get("tests_lego/test_regression.py::test_teens_take_th")
+            .map(String::as_str),
         Some("PASSED"),
         "{grader:?}"
     );
     for stage in ["setup", "agent", "extract", "evaluate", "cleanup"] {
-        let s = t.stages.get(stage).unwrap_or_else(|| panic!("stage {stage} in {:?}", t.stages));
+        let s = t
+            .stages
+            .get(stage)
+            .unwrap_or_else(|| panic!("stage {stage} in {:?}", t.stages));
         assert!(s.end >= s.start);
     }
     assert_eq!(t.stages["agent"].outcome, "ok");
@@ -191,12 +228,18 @@ fn mini_swe_agent_episode_inspects_edits_tests_and_gets_reward_1() {
     let out = tmp.path().join("traj.jsonl.zst");
     let run_id = format!("it-rollout-episode-{}", std::process::id());
     let o = lego()
-        .args(rollout_args(&out, &["--group-size", "1", "--run-id", &run_id, "-v"]))
+        .args(rollout_args(
+            &out,
+            &["--group-size", "1", "--run-id", &run_id, "-v"],
+        ))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "rollout failed: {stderr}");
-    assert!(stderr.contains(&format!("group {TASK}/0: 1 trials")), "group line at -v: {stderr}");
+    assert!(
+        stderr.contains(&format!("group {TASK}/0: 1 trials")),
+        "group line at -v: {stderr}"
+    );
     let trajs = read(&out);
     assert_eq!(trajs.len(), 1);
     let t = &trajs[0];
@@ -250,7 +293,10 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
     let c = docker(&["create", "--name", &blocker, "lego-rl/base:trixie", "true"]);
     assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
     let o = lego()
-        .args(rollout_args(&out, &["--group-size", "8", "-j", "2", "--run-id", &run_id]))
+        .args(rollout_args(
+            &out,
+            &["--group-size", "8", "-j", "2", "--run-id", &run_id],
+        ))
         .output()
         .unwrap();
     docker(&["rm", "-f", &blocker]);
@@ -258,7 +304,10 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
     assert!(o.status.success(), "rollout failed: {stderr}");
     let trajs = read(&out);
     let by_sample: BTreeMap<u32, &Trajectory> = trajs.iter().map(|t| (t.sample_index, t)).collect();
-    assert_eq!(by_sample.keys().copied().collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        by_sample.keys().copied().collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
     let chat = ChatFormat::from_parts(
         &chat_dir().join("tokenizer.json"),
         &chat_dir().join("tokenizer_config.json"),
@@ -285,7 +334,11 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
     }
     let rewards: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
     assert_eq!(rewards.len(), 7);
-    assert_eq!(rewards.iter().sum::<f64>(), 4.0, "samples 0, 2, 4 and 6 fixed the bug");
+    assert_eq!(
+        rewards.iter().sum::<f64>(),
+        4.0,
+        "samples 0, 2, 4 and 6 fixed the bug"
+    );
     assert_eq!(leftovers(&run_id), "", "sandboxes left behind");
 }
 
@@ -312,9 +365,12 @@ fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         assert!(Instant::now() < deadline, "group 0 never completed");
-        assert!(child.try_wait().unwrap().is_none(), "rollout ended before it was killed");
-        let committed = out.exists()
-            && read_all::<Trajectory>(&out, ReadOptions::default()).is_ok_and(|t| t.len() == 2);
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rollout ended before it was killed"
+        );
+        let committed =
+            out.exists() && read_all::<Trajectory>(&out, ReadOptions::default()).is_ok_and(|t| t.len() == 2);
         if committed && !leftovers(&run_id).is_empty() {
             break;
         }
@@ -328,7 +384,11 @@ fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
     assert!(before.iter().all(|t| t.group_id == 0));
     assert!(!leftovers(&run_id).is_empty(), "the killed run left its sandbox");
     let o = lego().args(&args).output().unwrap();
-    assert!(o.status.success(), "rerun: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "rerun: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let after = read(&out);
     let mut keys: Vec<(String, u64, u32)> = after
         .iter()
@@ -345,5 +405,9 @@ fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
         assert!(!t.infra_failure, "{t:#?}");
         assert_eq!(t.reward, Some(if t.sample_index == 0 { 1.0 } else { 0.0 }));
     }
-    assert_eq!(leftovers(&run_id), "", "the rerun removed the killed run's sandboxes");
+    assert_eq!(
+        leftovers(&run_id),
+        "",
+        "the rerun removed the killed run's sandboxes"
+    );
 }
