@@ -121,7 +121,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__build__subcmd__images)
-            opts="-i -o -j -v -q -h -V --input --output --jobs --base-image --log-dir --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --output --jobs --base-image --log-dir --harness --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -156,6 +156,10 @@ _lego__rl() {
                     return 0
                     ;;
                 --log-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --harness)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

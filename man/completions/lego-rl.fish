@@ -86,6 +86,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s o -l ou
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s j -l jobs -d 'Parallel builds' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l base-image -d 'Base image of tasks without their own Dockerfile' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l log-dir -d 'Directory for per-image build logs (default: `<output dir>/build-logs`, or ./build-logs)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l harness -d 'Harness adapter (TOML) whose agent runtime to build into a volume; repeatable' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

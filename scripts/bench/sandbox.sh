@@ -2,7 +2,8 @@
 # Sandbox benchmarks on this machine's Docker engine, printed as ratios between runs of the same script:
 #   1. build-images for every testdata task: cold (task + environment images removed) vs cache hit;
 #   2. trial create→ready latency (setup stage: network + container + squash) p50/p95 over N trials,
-#      via the sandbox integration test's validity run (stage timings are in its results).
+#      via the sandbox integration test's validity run (stage timings are in its results);
+#   3. the mini-swe-agent runtime volume: build (wheels from the host cache, offline install) vs cache hit.
 # Needs the base image (scripts/bootstrap-base-image.sh) and a release build.
 # Usage: scripts/bench/sandbox.sh
 set -euo pipefail
@@ -51,3 +52,16 @@ lat.sort()
 p95 = lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))]
 print(f"trial create->ready: p50 {statistics.median(lat):.2f}s  p95 {p95:.2f}s  (n={len(lat)})")
 EOF
+
+# Agent runtime volume: remove the mini-swe-agent volume (skipped while a container uses it), rebuild, reuse.
+harness=examples/harnesses/mini-swe-agent.toml
+docker volume ls -q --filter label=lego-rl.runtime=mini-swe-agent | xargs -r docker volume rm >/dev/null 2>&1 || true
+t0=$(date +%s.%N)
+LEGO_RL_NO_PROGRESS=1 $bin build-images --harness $harness 2>"$out/rt-cold.log"
+t1=$(date +%s.%N)
+LEGO_RL_NO_PROGRESS=1 $bin build-images --harness $harness 2>"$out/rt-warm.log"
+t2=$(date +%s.%N)
+cold=$(echo "$t1 - $t0" | bc -l)
+warm=$(echo "$t2 - $t1" | bc -l)
+printf 'runtime mini-swe-agent: build %.1fs (%s), cache hit %.2fs, speed-up %.1fx\n' \
+  "$cold" "$(grep -o 'built\|cached' "$out/rt-cold.log" | head -1)" "$warm" "$(echo "$cold / $warm" | bc -l)"

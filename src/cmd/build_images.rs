@@ -1,4 +1,5 @@
-//! `lego-rl build-images`: one content-addressed image per task environment.
+//! `lego-rl build-images`: one content-addressed image per task environment, and the agent
+//! runtime volumes of the harnesses named with `--harness`.
 
 use std::path::{Path, PathBuf};
 
@@ -7,9 +8,11 @@ use clap::Args;
 
 use super::Outcome;
 use crate::cli::GlobalArgs;
+use crate::harness::Harness;
 use crate::io::{read_all, AtomicWriter, ReadOptions};
 use crate::records::{ImageRecord, Task};
-use crate::sandbox::{build_images, BuildSettings, Engine, DEFAULT_BASE_IMAGE};
+use crate::sandbox::runtime::{default_cache_dir, ensure_runtimes, RuntimeVolume};
+use crate::sandbox::{build_images, BuildSettings, Engine, SandboxError, DEFAULT_BASE_IMAGE};
 
 /// Build (or find cached) container images for tasks.
 ///
@@ -19,15 +22,22 @@ use crate::sandbox::{build_images, BuildSettings, Engine, DEFAULT_BASE_IMAGE};
 /// any failed. Writes a manifest of image records. The base image comes from
 /// `scripts/bootstrap-base-image.sh` where no registry is reachable.
 ///
+/// With `--harness FILE`, also builds each harness's agent runtime (its `[runtime]` PyPI packages
+/// in a venv) once into a Docker volume `lego-rl-runtime-<harness>-<hash>` on the base image;
+/// trials mount it read-only at /opt/lego-agent. Wheels are downloaded on the host (cached in
+/// $LEGO_RL_CACHE/runtime-wheels, default ~/.cache/lego-rl) and installed offline. An existing
+/// volume is a cache hit. The volumes are listed on stderr.
+///
 /// Example:
-///   lego-rl build-images -i run/tasks.kept.jsonl.zst -o run/images.jsonl.zst -j 2
+///   lego-rl build-images -i run/tasks.kept.jsonl.zst -o run/images.jsonl.zst -j 2 \
+///     --harness examples/harnesses/mini-swe-agent.toml
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
 pub struct BuildImagesArgs {
     /// Tasks (zstd JSONL); relative paths in them resolve against this file's directory.
-    #[arg(short, long)]
-    pub input: PathBuf,
+    #[arg(short, long, required_unless_present = "harness")]
+    pub input: Option<PathBuf>,
     /// Image manifest (zstd JSONL).
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
@@ -40,14 +50,30 @@ pub struct BuildImagesArgs {
     /// Directory for per-image build logs (default: `<output dir>/build-logs`, or ./build-logs).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+    /// Harness adapter (TOML) whose agent runtime to build into a volume; repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub harness: Vec<PathBuf>,
 }
 
 /// Runs `build-images`.
 pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let tasks: Vec<Task> = read_all(&args.input, ReadOptions::default())
-        .with_context(|| format!("reading tasks from {}", args.input.display()))?;
-    let task_root = args
-        .input
+    let harnesses = args
+        .harness
+        .iter()
+        .map(|p| Harness::load(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let runtimes_ok = harnesses.is_empty() || build_runtimes(&rt, &harnesses, &args.base_image)?;
+    let Some(input) = &args.input else {
+        return Ok(if runtimes_ok {
+            Outcome::Ok
+        } else {
+            Outcome::Failures
+        });
+    };
+    let tasks: Vec<Task> = read_all(input, ReadOptions::default())
+        .with_context(|| format!("reading tasks from {}", input.display()))?;
+    let task_root = input
         .parent()
         .map(Path::to_path_buf)
         .filter(|p| !p.as_os_str().is_empty())
@@ -67,7 +93,6 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     };
     let bar = crate::ui::bar(crate::ui::progress_enabled(global), tasks.len() as u64, "images");
     let run_id = format!("build-{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let records: Vec<ImageRecord> = rt.block_on(async {
         let engine = Engine::connect().await?;
         build_images(&engine, &tasks, &settings, &run_id, &|r: &ImageRecord| {
@@ -105,9 +130,34 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     for r in &failed {
         eprintln!("  failed: {}: {}", r.task_id, r.error.as_deref().unwrap_or(""));
     }
-    Ok(if failed.is_empty() {
+    Ok(if failed.is_empty() && runtimes_ok {
         Outcome::Ok
     } else {
         Outcome::Failures
     })
+}
+
+/// Builds (or finds) the harnesses' runtime volumes, one summary line each on stderr; false if any
+/// failed.
+fn build_runtimes(
+    rt: &tokio::runtime::Runtime,
+    harnesses: &[Harness],
+    base_image: &str,
+) -> anyhow::Result<bool> {
+    let cache = default_cache_dir();
+    let results = rt.block_on(async {
+        let engine = Engine::connect().await?;
+        let report = |h: &Harness, r: &Result<RuntimeVolume, SandboxError>| match r {
+            Ok(v) => eprintln!(
+                "runtime {}: volume {} ({}, {:.1}s)",
+                h.config.name,
+                v.name,
+                if v.cache_hit { "cached" } else { "built" },
+                v.seconds
+            ),
+            Err(e) => eprintln!("runtime {}: failed: {e}", h.config.name),
+        };
+        anyhow::Ok(ensure_runtimes(&engine, harnesses, base_image, &cache, &report).await)
+    })?;
+    Ok(results.iter().all(Result::is_ok))
 }

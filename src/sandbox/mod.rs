@@ -12,11 +12,13 @@
 pub mod client;
 pub mod images;
 pub mod relay;
+pub mod runtime;
 pub mod tar;
 pub mod trial;
 
 pub use client::{ContainerSpec, Engine, ExecOutput};
 pub use images::{build_images, BuildSettings};
+pub use runtime::{ensure_runtime, RuntimeVolume, RUNTIME_DIR};
 pub use trial::{AgentOutcome, Trial, TrialLimits, TrialResult};
 
 /// Label carrying the run id on every object lego-rl creates.
@@ -46,6 +48,17 @@ pub enum SandboxError {
     ImageMissing { image: String },
     #[error("building image {image}: {message}")]
     BuildImage { image: String, message: String },
+    #[error("{}: agent runtime: {message}", harness.display())]
+    Runtime {
+        harness: std::path::PathBuf,
+        message: String,
+    },
+    #[error("volume {name}: {source}")]
+    Volume {
+        name: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
     #[error("creating network {name}: {source}")]
     CreateNetwork {
         name: String,

@@ -10,6 +10,7 @@ mod model;
 mod proxy;
 mod report;
 mod rollout;
+mod runtime;
 mod sandbox;
 mod synth;
 mod train;
