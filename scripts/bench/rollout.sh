@@ -25,12 +25,12 @@ $bin rollout -i testdata/tasks/tasks.jsonl --shard 0/8 --images "$out/images.jso
   --chat-model testdata/tokenizer/qwen3 --forced testdata/rollout/inflection.json --max-turns 8 \
   --group-size "$n" -j 2 -o "$out/traj.jsonl.zst" 2>"$out/rollout.log" || { cat "$out/rollout.log" >&2; exit 1; }
 t1=$(date +%s.%N)
-image=$(zstd -dc "$out/traj.jsonl.zst" | head -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["metadata"]["image"])')
-python3 - "$out/traj.jsonl.zst" "$image" "$t0" "$t1" <<'EOF'
+python3 - "$out/traj.jsonl.zst" "$t0" "$t1" <<'EOF'
 import json, statistics, subprocess, sys, time
-path, image, t0, t1 = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+path, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 lines = subprocess.run(["zstd", "-dc", path], capture_output=True, text=True, check=True).stdout.splitlines()
 trajs = [json.loads(l) for l in lines if l.strip()]
+image = trajs[0]["metadata"]["image"]
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
