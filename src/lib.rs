@@ -17,6 +17,7 @@ pub mod model;
 pub mod proxy;
 pub mod records;
 pub mod report;
+pub mod rollout;
 pub mod sandbox;
 pub mod tasks;
 pub mod train;

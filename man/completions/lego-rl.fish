@@ -94,9 +94,33 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l no-prog
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s i -l input -d 'Tasks (zstd JSONL)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s o -l output -d 'Trajectories (zstd JSONL, appended as groups complete)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l group-size -d 'Trials per task' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s i -l input -d 'Tasks (zstd JSONL); relative paths in them resolve against this file\'s directory' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l images -d 'Image manifest from build-images; tasks without a usable image are skipped and counted' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l harness -d 'Harness adapter (examples/harnesses/*.toml)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l backend -d 'embedded:CKPT_DIR, vllm:URL or sglang:URL' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l chat-model -d 'Tokenizer and chat template directory (default: the embedded checkpoint)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s o -l output -d 'Trajectories (zstd JSONL, appended one group at a time)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l group-size -d 'Trials per task and epoch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s j -l concurrency -d 'Simultaneous trials' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l shard -d 'i/n: take the tasks whose 0-based input position is i mod n' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l epochs -d 'Passes over the task list (one group per task each)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l first-group -d 'Group id of the first epoch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-trajectories -d 'Stop starting groups once this many trajectories are in the output or running' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l follow -d 'Checkpoint root to follow (asynchronous operation)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-staleness -d 'Policy versions a finished group may lag behind the newest checkpoint (with --follow)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l mode -d 'train or eval (recorded in every trajectory; sets the default temperature)' -r -f -a "train\t''
+eval\t''"
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l temperature -d 'Sampling temperature (default 1.0 for train, 0.7 for eval); requests may override it' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l top-p -d 'Nucleus sampling' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-tokens -d 'Default max output tokens per call (requests may override it)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l seed -d 'Sampling seed of every model call (reproducible runs; identical prompts then sample identically, so leave it unset for training groups)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-turns -d 'Turn budget (overrides the adapter\'s max_turns)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l agent-timeout -d 'Agent stage time limit in seconds (overrides the tasks\' timeouts.agent_s)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l forced -d 'Scripted model outputs per task (JSON, lego-rl/forced/v1)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l run-id -d 'Labels the run\'s sandboxes (default: derived from the output path, so a rerun removes what a killed run left behind)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l base-image -d 'Image the harness runtime is installed with' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l cache-dir -d 'Cache of harness runtime downloads and locks (default $LEGO_RL_CACHE, else ~/.cache/lego-rl)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l device -d 'Device of the embedded engine: cpu, cuda or cuda:N' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

@@ -28,11 +28,6 @@ impl From<Outcome> for std::process::ExitCode {
     }
 }
 
-/// A subcommand whose issue has not landed yet; exits 2 instead of producing fake output.
-#[derive(Debug, thiserror::Error)]
-#[error("{0} is not implemented yet")]
-pub struct NotImplemented(pub &'static str);
-
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let global = cli.global;

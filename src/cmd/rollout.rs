@@ -1,16 +1,34 @@
 //! `lego-rl rollout`: real harnesses in sandboxes, through the capturing proxy, in groups.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 
-use super::{NotImplemented, Outcome};
+use super::Outcome;
 use crate::cli::GlobalArgs;
+use crate::records::Sampling;
+use crate::rollout::{BackendSpec, RolloutConfig, Shard};
+use crate::sandbox::DEFAULT_BASE_IMAGE;
 
 /// Run harnesses on tasks in sandboxes and record trajectories.
 ///
-/// For each task, a group of trials: one container, one trial token on the in-process proxy,
-/// one harness run, graded. Every model call is captured token-exactly.
+/// For each task (of this shard) and epoch, a group of trials: one container, one trial token on
+/// the in-process proxy, one unmodified harness run from its adapter, graded. Every model call is
+/// captured token-exactly. A group's trajectories are appended to the output as one unit when its
+/// last trial ends, so rerunning after a crash (even SIGKILL) skips every (task, group, sample)
+/// already written and never duplicates one. Group ids are --first-group + epoch.
+///
+/// With --follow, before each group the newest complete checkpoint (step-NNNNNN/ with
+/// lego-rl.json) under the root is loaded once the trials in flight are done, and trajectories
+/// carry its policy version; a group finishing more than --max-staleness versions behind the newest
+/// checkpoint is run again. Exits 0 when it ran (infra failures are recorded as `infra:<stage>`
+/// trajectories with infra_failure set, and counted), 1 when every trial of the run failed for
+/// infrastructure reasons, 2 on errors.
+///
+/// --forced FILE gives scripted model outputs per task (format `lego-rl/forced/v1`, see
+/// lego-rl-formats(5)): tests and the demo drive real harnesses with a tiny model this way.
 ///
 /// Example:
 ///   lego-rl rollout -i run/tasks.kept.jsonl.zst --images run/images.jsonl.zst \
@@ -20,18 +38,164 @@ use crate::cli::GlobalArgs;
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
 pub struct RolloutArgs {
-    /// Tasks (zstd JSONL).
+    /// Tasks (zstd JSONL); relative paths in them resolve against this file's directory.
     #[arg(short, long)]
     pub input: PathBuf,
-    /// Trajectories (zstd JSONL, appended as groups complete).
+    /// Image manifest from build-images; tasks without a usable image are skipped and counted.
+    #[arg(long)]
+    pub images: PathBuf,
+    /// Harness adapter (examples/harnesses/*.toml).
+    #[arg(long)]
+    pub harness: PathBuf,
+    /// embedded:CKPT_DIR, vllm:URL or sglang:URL.
+    #[arg(long)]
+    pub backend: BackendSpec,
+    /// Tokenizer and chat template directory (default: the embedded checkpoint).
+    #[arg(long)]
+    pub chat_model: Option<PathBuf>,
+    /// Trajectories (zstd JSONL, appended one group at a time).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Trials per task.
+    /// Trials per task and epoch.
     #[arg(long, default_value_t = 8)]
     pub group_size: u32,
+    /// Simultaneous trials.
+    #[arg(short = 'j', long = "concurrency", default_value_t = 2)]
+    pub concurrency: usize,
+    /// i/n: take the tasks whose 0-based input position is i mod n.
+    #[arg(long, default_value = "0/1")]
+    pub shard: Shard,
+    /// Passes over the task list (one group per task each).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Group id of the first epoch.
+    #[arg(long, default_value_t = 0)]
+    pub first_group: u64,
+    /// Stop starting groups once this many trajectories are in the output or running.
+    #[arg(long)]
+    pub max_trajectories: Option<u64>,
+    /// Checkpoint root to follow (asynchronous operation).
+    #[arg(long)]
+    pub follow: Option<PathBuf>,
+    /// Policy versions a finished group may lag behind the newest checkpoint (with --follow).
+    #[arg(long, default_value_t = 1)]
+    pub max_staleness: u64,
+    /// train or eval (recorded in every trajectory; sets the default temperature).
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: Mode,
+    /// Sampling temperature (default 1.0 for train, 0.7 for eval); requests may override it.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Default max output tokens per call (requests may override it).
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: u32,
+    /// Sampling seed of every model call (reproducible runs; identical prompts then sample
+    /// identically, so leave it unset for training groups).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Turn budget (overrides the adapter's max_turns).
+    #[arg(long)]
+    pub max_turns: Option<u32>,
+    /// Agent stage time limit in seconds (overrides the tasks' timeouts.agent_s).
+    #[arg(long)]
+    pub agent_timeout: Option<f64>,
+    /// Scripted model outputs per task (JSON, lego-rl/forced/v1).
+    #[arg(long)]
+    pub forced: Option<PathBuf>,
+    /// Labels the run's sandboxes (default: derived from the output path, so a rerun removes what
+    /// a killed run left behind).
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Image the harness runtime is installed with.
+    #[arg(long, default_value = DEFAULT_BASE_IMAGE)]
+    pub base_image: String,
+    /// Cache of harness runtime downloads and locks (default $LEGO_RL_CACHE, else ~/.cache/lego-rl).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Device of the embedded engine: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// What the trajectories are for.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Train,
+    Eval,
 }
 
 /// Runs `rollout`.
-pub fn run(_args: RolloutArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    Err(NotImplemented("rollout").into())
+pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    let temperature = args
+        .temperature
+        .unwrap_or(if args.mode == Mode::Eval { 0.7 } else { 1.0 });
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(crate::sandbox::runtime::default_cache_dir);
+    let cfg = RolloutConfig {
+        tasks: args.input,
+        images: args.images,
+        harness: args.harness,
+        backend: args.backend,
+        chat_model: args.chat_model,
+        output: args.output.clone(),
+        group_size: args.group_size,
+        concurrency: args.concurrency,
+        shard: args.shard,
+        epochs: args.epochs,
+        first_group: args.first_group,
+        max_trajectories: args.max_trajectories,
+        follow: args.follow,
+        max_staleness: args.max_staleness,
+        sampling: Sampling {
+            temperature: Some(temperature),
+            top_p: args.top_p,
+            max_tokens: Some(args.max_tokens),
+            seed: args.seed,
+            ..Default::default()
+        },
+        max_turns: args.max_turns,
+        agent_timeout: args.agent_timeout.map(Duration::from_secs_f64),
+        forced: args.forced,
+        run_id: args.run_id,
+        mode: match args.mode {
+            Mode::Train => "train".into(),
+            Mode::Eval => "eval".into(),
+        },
+        base_image: args.base_image,
+        cache_dir,
+        device: args.device,
+        progress: crate::ui::progress_enabled(global),
+    };
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let s = rt
+        .block_on(crate::rollout::run(&cfg))
+        .with_context(|| format!("rollout into {}", args.output.display()))?;
+    let mean = s.reward_mean.map_or("-".to_string(), |m| format!("{m:.3}"));
+    eprintln!(
+        "rollout: {} trajectories in {} groups written ({} already there), {} infra failures, reward mean {mean}{}{}",
+        s.written,
+        s.groups,
+        s.existing,
+        s.infra_failures,
+        if s.tasks_without_image > 0 {
+            format!(", {} tasks without an image skipped", s.tasks_without_image)
+        } else {
+            String::new()
+        },
+        if s.reloads > 0 || s.stale_groups > 0 {
+            format!(", {} reloads, {} stale groups rerun", s.reloads, s.stale_groups)
+        } else {
+            String::new()
+        }
+    );
+    Ok(if s.written > 0 && s.infra_failures == s.written {
+        Outcome::Failures
+    } else {
+        Outcome::Ok
+    })
 }

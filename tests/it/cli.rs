@@ -43,20 +43,6 @@ fn every_subcommand_help_works_and_shows_an_example() {
     }
 }
 
-/// Subcommands whose issues have not landed: they must refuse instead of faking output.
-const NOT_YET: [(&str, &[&str]); 1] = [("rollout", &["rollout", "-i", "x", "-o", "y"])];
-
-#[test]
-fn unimplemented_subcommands_exit_2_with_a_clear_message() {
-    for (name, args) in NOT_YET {
-        let out = lego().args(args).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{name}");
-        let err = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(err, format!("lego-rl: error: {name} is not implemented yet\n"));
-        assert!(out.stdout.is_empty(), "{name} wrote output");
-    }
-}
-
 #[test]
 fn usage_errors_exit_2() {
     let out = lego().args(["validate"]).output().unwrap();

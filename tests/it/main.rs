@@ -11,6 +11,7 @@ mod model;
 mod proxy;
 mod proxy_sdk;
 mod report;
+mod rollout;
 mod runtime;
 mod sandbox;
 mod synth;

@@ -1,0 +1,663 @@
+//! Rollout: real, unmodified harnesses in sandboxes, talking to the policy through the capturing
+//! proxy, in groups; one [`Trajectory`] per trial.
+//!
+//! For each task of the shard and each epoch, one group of `group_size` trials. A trial is a
+//! sandbox ([`crate::sandbox::Trial`]: setup → agent → extract → evaluate → cleanup), a trial
+//! token on the in-process [`Proxy`] (served on a unix socket that the sandbox's relay forwards
+//! to; the container has no other network), and one harness run rendered from its adapter
+//! ([`crate::harness`]). The harness runtime is a read-only volume built once per harness
+//! ([`crate::sandbox::runtime`]).
+//!
+//! - **Groups are the unit of output**: a group's trajectories are appended as one zstd frame
+//!   (one `write`, fsynced) when its last trial ends, so a crash (even SIGKILL) loses at most the
+//!   groups in flight, and a rerun with the same output skips every (task, group, sample) already
+//!   there: each key ends up in the file exactly once.
+//! - **Concurrency**: at most `concurrency` trials run at once; the next group's trials start as
+//!   slots free up.
+//! - **Timeouts, in order**: sandbox setup runs inside the trial's budget (setup + agent + eval +
+//!   slack; a watchdog ends a trial that exceeds it as `infra:timeout`, so a hung setup never holds
+//!   a slot); the proxy never times out a model call on its own (the HTTP engine clients have no
+//!   deadline), so the agent stage's limit is what ends a slow agent (`agent_timeout`).
+//! - **Asynchronous operation** (`follow`): before each group, if a newer checkpoint than the
+//!   loaded one is complete under the root, the trials in flight finish, the backend reloads it and
+//!   new trajectories carry its policy version. A group that ends more than `max_staleness`
+//!   versions behind the newest checkpoint is discarded and run again with the newer policy.
+
+pub mod follow;
+pub mod forced;
+pub mod plan;
+pub mod trial;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::task::JoinSet;
+
+pub use forced::Forced;
+pub use plan::{GroupPlan, Shard};
+
+use crate::chat::ChatFormat;
+use crate::engine::embedded::EmbeddedBackend;
+use crate::engine::sglang::SglangBackend;
+use crate::engine::vllm::VllmBackend;
+use crate::engine::Backend;
+use crate::harness::Harness;
+use crate::io::{read_all, AppendWriter, ReadOptions};
+use crate::proxy::{Proxy, ProxyConfig};
+use crate::records::{ImageRecord, Sampling, Task, Trajectory};
+use crate::sandbox::Engine;
+
+/// `--backend`: where generations come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendSpec {
+    /// The embedded tch engine on a Hugging Face checkpoint directory.
+    Embedded(PathBuf),
+    Vllm(String),
+    Sglang(String),
+}
+
+impl FromStr for BackendSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, rest) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}`: expected embedded:CKPT_DIR, vllm:URL or sglang:URL"))?;
+        if rest.is_empty() {
+            return Err(format!("`{s}`: empty {kind} target"));
+        }
+        match kind {
+            "embedded" => Ok(BackendSpec::Embedded(PathBuf::from(rest))),
+            "vllm" => Ok(BackendSpec::Vllm(rest.to_string())),
+            "sglang" => Ok(BackendSpec::Sglang(rest.to_string())),
+            other => Err(format!(
+                "`{s}`: unknown backend `{other}` (expected embedded, vllm or sglang)"
+            )),
+        }
+    }
+}
+
+/// Everything a rollout run needs (the CLI fills it from its flags).
+#[derive(Debug, Clone)]
+pub struct RolloutConfig {
+    pub tasks: PathBuf,
+    pub images: PathBuf,
+    pub harness: PathBuf,
+    pub backend: BackendSpec,
+    /// Tokenizer + chat template directory (default: the embedded checkpoint).
+    pub chat_model: Option<PathBuf>,
+    pub output: PathBuf,
+    pub group_size: u32,
+    pub concurrency: usize,
+    pub shard: Shard,
+    pub epochs: u64,
+    /// Group id of the first epoch (later epochs count up from it).
+    pub first_group: u64,
+    pub max_trajectories: Option<u64>,
+    pub follow: Option<PathBuf>,
+    pub max_staleness: u64,
+    pub sampling: Sampling,
+    /// Overrides the adapter's turn budget.
+    pub max_turns: Option<u32>,
+    /// Overrides the tasks' agent time limit.
+    pub agent_timeout: Option<Duration>,
+    pub forced: Option<PathBuf>,
+    pub run_id: Option<String>,
+    /// `train` or `eval` (recorded in every trajectory).
+    pub mode: String,
+    /// Image the harness runtime is installed with.
+    pub base_image: String,
+    /// Where runtime build state is cached.
+    pub cache_dir: PathBuf,
+    /// Device of the embedded engine (`cpu`, `cuda`, `cuda:N`).
+    pub device: String,
+    /// Draw progress bars (the caller decides: TTY, not quiet).
+    pub progress: bool,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// Trajectories already in the output before this run.
+    pub existing: u64,
+    pub written: u64,
+    pub groups: u64,
+    pub infra_failures: u64,
+    /// Mean reward of this run's graded trajectories.
+    pub reward_mean: Option<f64>,
+    /// Tasks of the shard skipped because their image is missing or failed to build.
+    pub tasks_without_image: u64,
+    /// Groups discarded for staleness and run again.
+    pub stale_groups: u64,
+    pub reloads: u64,
+}
+
+/// Errors of a rollout run (each names its file or component).
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error(transparent)]
+    Io(#[from] crate::io::IoError),
+    #[error(transparent)]
+    Harness(#[from] crate::harness::HarnessError),
+    #[error(transparent)]
+    Forced(#[from] forced::ForcedError),
+    #[error(transparent)]
+    Follow(#[from] follow::FollowError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("{path}: loading the chat format: {msg}")]
+    Chat { path: PathBuf, msg: String },
+    #[error("starting the {backend} backend: {msg}")]
+    Backend { backend: String, msg: String },
+    #[error("reloading {dir}: {msg}")]
+    Reload { dir: PathBuf, msg: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("serving the proxy on {path}: {source}")]
+    Serve {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// State shared by all trials of a run.
+pub struct Shared {
+    pub engine: Engine,
+    pub proxy: Proxy,
+    pub chat: Arc<ChatFormat>,
+    pub harness: Harness,
+    pub forced: Forced,
+    pub run_id: String,
+    pub task_root: PathBuf,
+    pub socket: PathBuf,
+    pub binds: Vec<String>,
+    pub backend_id: String,
+    pub sampling: Sampling,
+    pub mode: String,
+    pub agent_timeout: Option<Duration>,
+}
+
+/// The default run id: a stable hash of the output's absolute path, so a rerun after a crash
+/// recognises (and removes) the sandboxes its killed predecessor left behind.
+pub fn default_run_id(output: &Path) -> String {
+    use sha2::Digest;
+    let abs = std::path::absolute(output).unwrap_or_else(|_| output.to_path_buf());
+    let h = sha2::Sha256::digest(abs.to_string_lossy().as_bytes());
+    format!("rollout-{}", &hex::encode(h)[..12])
+}
+
+fn task_root(tasks: &Path) -> PathBuf {
+    tasks
+        .parent()
+        .map(Path::to_path_buf)
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Tasks with a usable image, and how many had none.
+fn usable_tasks(tasks: Vec<Task>, images: &[ImageRecord]) -> (Vec<(Task, String)>, u64) {
+    let by_task: HashMap<&str, &ImageRecord> = images
+        .iter()
+        .filter(|r| r.error.is_none())
+        .map(|r| (r.task_id.as_str(), r))
+        .collect();
+    let mut missing = 0;
+    let mut out = Vec::new();
+    for t in tasks {
+        match by_task.get(t.id.as_str()) {
+            Some(r) => {
+                let image = r.image.clone();
+                out.push((t, image));
+            }
+            None => {
+                tracing::warn!("task {}: no usable image in the manifest; skipped", t.id);
+                missing += 1;
+            }
+        }
+    }
+    (out, missing)
+}
+
+/// The trajectories already in `output` (after the append writer cut any torn frame).
+fn existing_keys(output: &Path) -> Result<BTreeSet<plan::Key>, RolloutError> {
+    if !output.exists() {
+        return Ok(BTreeSet::new());
+    }
+    // Strict: a record that does not parse must stop the run, not be silently run again.
+    let opts = ReadOptions {
+        strict: true,
+        ..Default::default()
+    };
+    let trajs: Vec<Trajectory> = read_all(output, opts)?;
+    Ok(trajs
+        .into_iter()
+        .map(|t| (t.task_id, t.group_id, t.sample_index))
+        .collect())
+}
+
+async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backend>, PathBuf), RolloutError> {
+    let err = |backend: &str, msg: String| RolloutError::Backend {
+        backend: backend.into(),
+        msg,
+    };
+    Ok(match &cfg.backend {
+        BackendSpec::Embedded(dir) => {
+            let device = crate::model::parse_device(&cfg.device).ok_or_else(|| {
+                err(
+                    "embedded",
+                    format!("unknown device `{}` (cpu, cuda, cuda:N)", cfg.device),
+                )
+            })?;
+            let dir2 = dir.clone();
+            let b = tokio::task::spawn_blocking(move || EmbeddedBackend::start(&dir2, device))
+                .await
+                .map_err(|e| err("embedded", e.to_string()))?
+                .map_err(|e| err("embedded", e.to_string()))?;
+            (Arc::new(b), cfg.chat_model.clone().unwrap_or_else(|| dir.clone()))
+        }
+        BackendSpec::Vllm(url) => {
+            let chat = cfg
+                .chat_model
+                .clone()
+                .ok_or_else(|| RolloutError::Invalid("--backend vllm: needs --chat-model DIR".into()))?;
+            (Arc::new(VllmBackend::new(url)), chat)
+        }
+        BackendSpec::Sglang(url) => {
+            let chat = cfg
+                .chat_model
+                .clone()
+                .ok_or_else(|| RolloutError::Invalid("--backend sglang: needs --chat-model DIR".into()))?;
+            (Arc::new(SglangBackend::new(url, None)), chat)
+        }
+    })
+}
+
+fn load_chat(dir: &Path) -> Result<ChatFormat, RolloutError> {
+    ChatFormat::from_parts(
+        &dir.join("tokenizer.json"),
+        &dir.join("tokenizer_config.json"),
+        None,
+    )
+    .map_err(|e| RolloutError::Chat {
+        path: dir.to_path_buf(),
+        msg: format!("{e:#}"),
+    })
+}
+
+/// Progress: one spinner per running trial plus a totals bar; hidden unless enabled.
+struct Progress {
+    multi: MultiProgress,
+    total: ProgressBar,
+    enabled: bool,
+    done: u64,
+    infra: u64,
+    reward_sum: f64,
+    graded: u64,
+}
+
+impl Progress {
+    fn new(enabled: bool, trials: u64) -> Self {
+        let multi = MultiProgress::with_draw_target(if enabled {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        });
+        let total = multi.add(ProgressBar::new(trials));
+        total.set_style(
+            ProgressStyle::with_template("{spinner} trials [{bar:30}] {pos}/{len} {msg} (eta {eta})")
+                .expect("invariant: valid template")
+                .progress_chars("=> "),
+        );
+        Progress {
+            multi,
+            total,
+            enabled,
+            done: 0,
+            infra: 0,
+            reward_sum: 0.0,
+            graded: 0,
+        }
+    }
+
+    fn trial(&self, id: &str) -> ProgressBar {
+        if !self.enabled {
+            return ProgressBar::hidden();
+        }
+        let b = self.multi.add(ProgressBar::new_spinner());
+        b.set_style(
+            ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("invariant: valid template"),
+        );
+        b.set_message(id.to_string());
+        b.enable_steady_tick(Duration::from_millis(250));
+        b
+    }
+
+    fn finished(&mut self, t: &Trajectory) {
+        self.done += 1;
+        if t.infra_failure {
+            self.infra += 1;
+        }
+        if let Some(r) = t.reward {
+            self.reward_sum += r;
+            self.graded += 1;
+        }
+        self.total.inc(1);
+        let mean = if self.graded > 0 {
+            format!("{:.3}", self.reward_sum / self.graded as f64)
+        } else {
+            "-".into()
+        };
+        self.total
+            .set_message(format!("failed {} reward mean {mean}", self.infra));
+    }
+}
+
+struct GroupState {
+    plan: GroupPlan,
+    policy_version: u64,
+    remaining: usize,
+    trajectories: Vec<Trajectory>,
+    started: Instant,
+}
+
+/// Runs a rollout to completion (or until `max_trajectories`), appending to `cfg.output`.
+pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
+    if cfg.group_size == 0 {
+        return Err(RolloutError::Invalid("--group-size must be at least 1".into()));
+    }
+    let mut harness = Harness::load(&cfg.harness)?;
+    if let Some(m) = cfg.max_turns {
+        harness.config.max_turns = m;
+    }
+    if let Some(why) = &harness.config.runtime.unavailable {
+        return Err(RolloutError::Invalid(format!(
+            "{}: harness `{}` cannot run here: {why}",
+            cfg.harness.display(),
+            harness.config.name
+        )));
+    }
+    let forced = match &cfg.forced {
+        Some(p) => Forced::load(p)?,
+        None => Forced::default(),
+    };
+    let tasks: Vec<Task> = read_all(&cfg.tasks, ReadOptions::default())?;
+    let images: Vec<ImageRecord> = read_all(&cfg.images, ReadOptions::default())?;
+    let shard_tasks = cfg.shard.select(&tasks);
+    let (usable, tasks_without_image) = usable_tasks(shard_tasks, &images);
+    let image_of: HashMap<String, String> = usable.iter().map(|(t, i)| (t.id.clone(), i.clone())).collect();
+    let tasks: Vec<Task> = usable.into_iter().map(|(t, _)| t).collect();
+
+    if let Some(dir) = cfg.output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| crate::io::IoError::Write {
+            path: cfg.output.clone(),
+            source,
+        })?;
+    }
+    let (mut writer, cut) = AppendWriter::open(&cfg.output)?;
+    if cut > 0 {
+        tracing::warn!("{}: cut a torn final frame of {cut} bytes", cfg.output.display());
+    }
+    let done = existing_keys(&cfg.output)?;
+    let mut summary = Summary {
+        existing: done.len() as u64,
+        tasks_without_image,
+        ..Default::default()
+    };
+    let mut pending: VecDeque<GroupPlan> =
+        plan::plan(&tasks, cfg.epochs, cfg.first_group, cfg.group_size, &done).into();
+    if pending.is_empty() {
+        return Ok(summary);
+    }
+    let total_trials: u64 = pending.iter().map(|g| g.samples.len() as u64).sum();
+
+    let engine = Engine::connect().await?;
+    let run_id = cfg.run_id.clone().unwrap_or_else(|| default_run_id(&cfg.output));
+    let swept = engine.sweep(Some(&run_id)).await?;
+    if swept > 0 {
+        tracing::warn!("removed {swept} sandbox objects left by an earlier run {run_id}");
+    }
+    crate::sandbox::trial::install_signal_sweep(engine.clone(), run_id.clone());
+    let runtime =
+        crate::sandbox::runtime::ensure_runtime(&engine, &harness, &cfg.base_image, &cfg.cache_dir).await?;
+
+    let (backend, chat_dir) = start_backend(cfg).await?;
+    let chat = Arc::new(load_chat(&chat_dir)?);
+    // The served checkpoint's version: the embedded directory's, else the chat model directory's
+    // (an HTTP engine is normally serving the checkpoint whose tokenizer it was given).
+    let mut policy_version = match &cfg.backend {
+        BackendSpec::Embedded(dir) => follow::policy_version(dir)?,
+        _ => follow::policy_version(&chat_dir)?,
+    };
+    let proxy = Proxy::new(
+        chat.clone(),
+        backend.clone(),
+        ProxyConfig {
+            sampling: cfg.sampling.clone(),
+            ..ProxyConfig::default()
+        },
+    );
+    let sock_dir = tempfile::Builder::new()
+        .prefix("lego-rl-proxy-")
+        .tempdir()
+        .map_err(|source| RolloutError::Serve {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let socket = sock_dir.path().join("proxy.sock");
+    let server = proxy
+        .serve_unix(&socket)
+        .await
+        .map_err(|source| RolloutError::Serve {
+            path: socket.clone(),
+            source,
+        })?;
+
+    let shared = Arc::new(Shared {
+        engine: engine.clone(),
+        proxy: proxy.clone(),
+        chat,
+        backend_id: backend.id(),
+        harness,
+        forced,
+        run_id: run_id.clone(),
+        task_root: task_root(&cfg.tasks),
+        socket,
+        binds: vec![runtime.bind()],
+        sampling: cfg.sampling.clone(),
+        mode: cfg.mode.clone(),
+        agent_timeout: cfg.agent_timeout,
+    });
+
+    let reload = |dir: PathBuf| {
+        let backend = backend.clone();
+        async move {
+            backend.reload(&dir).await.map_err(|e| RolloutError::Reload {
+                dir: dir.clone(),
+                msg: e.to_string(),
+            })
+        }
+    };
+    let mut loaded_dir: Option<PathBuf> = match &cfg.backend {
+        BackendSpec::Embedded(d) => Some(d.clone()),
+        _ => None,
+    };
+    proxy.set_policy_version(policy_version);
+
+    let mut progress = Progress::new(cfg.progress, total_trials);
+    let mut groups: HashMap<(String, u64), GroupState> = HashMap::new();
+    let mut running: JoinSet<(String, u64, Trajectory)> = JoinSet::new();
+    let mut bars: HashMap<String, ProgressBar> = HashMap::new();
+    let mut reward_sum = 0.0;
+    let mut graded = 0u64;
+    let mut in_flight_trials = 0u64;
+    let concurrency = cfg.concurrency.max(1);
+
+    // Handles one finished trial; writes its group when complete.
+    macro_rules! on_done {
+        ($joined:expr) => {{
+            let (task_id, group_id, traj) = $joined.map_err(|e| RolloutError::Invalid(format!("trial task failed: {e}")))?;
+            in_flight_trials -= 1;
+            if let Some(b) = bars.remove(&traj.id) {
+                b.finish_and_clear();
+            }
+            progress.finished(&traj);
+            let key = (task_id, group_id);
+            let complete = {
+                let g = groups.get_mut(&key).expect("invariant: group registered before its trials");
+                g.trajectories.push(traj);
+                g.remaining -= 1;
+                g.remaining == 0
+            };
+            if complete {
+                let mut g = groups.remove(&key).expect("invariant: present");
+                let newest = match &cfg.follow {
+                    Some(root) => follow::newest(root)?.map(|c| c.policy_version),
+                    None => None,
+                };
+                if newest.is_some_and(|n| n.saturating_sub(g.policy_version) > cfg.max_staleness) {
+                    tracing::warn!(
+                        "group {}/{} ran on policy {} and is more than {} versions behind {}; running it again",
+                        key.0, key.1, g.policy_version, cfg.max_staleness, newest.unwrap_or(0)
+                    );
+                    summary.stale_groups += 1;
+                    pending.push_front(g.plan.clone());
+                } else {
+                    g.trajectories.sort_by_key(|t| t.sample_index);
+                    for t in &g.trajectories {
+                        writer.push(t)?;
+                    }
+                    let n = writer.commit()?;
+                    summary.written += n;
+                    summary.groups += 1;
+                    let infra = g.trajectories.iter().filter(|t| t.infra_failure).count() as u64;
+                    summary.infra_failures += infra;
+                    let rewards: Vec<f64> = g.trajectories.iter().filter_map(|t| t.reward).collect();
+                    reward_sum += rewards.iter().sum::<f64>();
+                    graded += rewards.len() as u64;
+                    let mean = if rewards.is_empty() {
+                        "-".to_string()
+                    } else {
+                        format!("{:.3}", rewards.iter().sum::<f64>() / rewards.len() as f64)
+                    };
+                    let line = format!(
+                        "group {}/{}: {} trials, reward mean {mean}, {infra} infra failures, policy {}, {:.1}s",
+                        key.0,
+                        key.1,
+                        g.trajectories.len(),
+                        g.policy_version,
+                        g.started.elapsed().as_secs_f64()
+                    );
+                    progress.multi.suspend(|| tracing::info!("{line}"));
+                }
+            }
+        }};
+    }
+
+    loop {
+        let written_or_running = summary.existing + summary.written + in_flight_trials;
+        let limit_reached = cfg.max_trajectories.is_some_and(|m| written_or_running >= m);
+        let next = if limit_reached { None } else { pending.pop_front() };
+        let Some(group) = next else {
+            match running.join_next().await {
+                Some(j) => {
+                    on_done!(j);
+                    continue;
+                }
+                None if pending.is_empty() || limit_reached => break,
+                None => continue,
+            }
+        };
+        // Between groups: switch to the newest checkpoint once the trials in flight are done.
+        if let Some(root) = &cfg.follow {
+            if let Some(ck) = follow::newest(root)? {
+                let newer = ck.policy_version > policy_version
+                    || (ck.policy_version == policy_version && loaded_dir.is_none());
+                if newer && loaded_dir.as_ref() != Some(&ck.dir) {
+                    while let Some(j) = running.join_next().await {
+                        on_done!(j);
+                    }
+                    tracing::info!(
+                        "policy {} → {} ({})",
+                        policy_version,
+                        ck.policy_version,
+                        ck.dir.display()
+                    );
+                    reload(ck.dir.clone()).await?;
+                    policy_version = ck.policy_version;
+                    proxy.set_policy_version(policy_version);
+                    loaded_dir = Some(ck.dir.clone());
+                    summary.reloads += 1;
+                }
+            }
+        }
+        let image = image_of[&group.task.id].clone();
+        let key = (group.task.id.clone(), group.group_id);
+        groups.insert(
+            key.clone(),
+            GroupState {
+                plan: group.clone(),
+                policy_version,
+                remaining: group.samples.len(),
+                trajectories: Vec::new(),
+                started: Instant::now(),
+            },
+        );
+        for &sample in &group.samples {
+            while running.len() >= concurrency {
+                let j = running.join_next().await.expect("invariant: non-empty");
+                on_done!(j);
+            }
+            let id = Trajectory::make_id(&group.task.id, group.group_id, sample);
+            bars.insert(id.clone(), progress.trial(&id));
+            in_flight_trials += 1;
+            let spec = trial::TrialSpec {
+                task: group.task.clone(),
+                image: image.clone(),
+                group_id: group.group_id,
+                sample,
+                policy_version,
+            };
+            let shared = shared.clone();
+            let (tid, gid) = key.clone();
+            running.spawn(async move { (tid, gid, trial::run_trial(shared, spec).await) });
+        }
+    }
+    progress.total.finish_and_clear();
+    server.abort();
+    summary.reward_mean = (graded > 0).then(|| reward_sum / graded as f64);
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_specs_parse() {
+        assert_eq!(
+            "embedded:run/ck".parse::<BackendSpec>().unwrap(),
+            BackendSpec::Embedded("run/ck".into())
+        );
+        assert_eq!(
+            "vllm:http://h:8000".parse::<BackendSpec>().unwrap(),
+            BackendSpec::Vllm("http://h:8000".into())
+        );
+        assert!("sglang:".parse::<BackendSpec>().is_err());
+        assert!("tgi:http://x"
+            .parse::<BackendSpec>()
+            .unwrap_err()
+            .contains("unknown backend"));
+        assert!("nothing".parse::<BackendSpec>().is_err());
+    }
+
+    #[test]
+    fn default_run_id_is_stable_per_output() {
+        let a = default_run_id(Path::new("/x/traj.jsonl.zst"));
+        assert_eq!(a, default_run_id(Path::new("/x/traj.jsonl.zst")));
+        assert_ne!(a, default_run_id(Path::new("/y/traj.jsonl.zst")));
+    }
+}

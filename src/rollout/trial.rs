@@ -1,0 +1,430 @@
+//! One trial of a rollout: a proxy trial token, the harness rendered for it, a sandbox running it,
+//! and the [`Trajectory`] that comes out.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::Shared;
+use crate::chat::ToolCallIds;
+use crate::harness::{Launch, TrialContext};
+use crate::records::{AuditEvent, Generation, Record, Task, Termination, Trajectory};
+use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult};
+
+/// Where the harness runtime is mounted in the container.
+pub const RUNTIME_DIR: &str = "/opt/lego-agent";
+/// The agent user's home directory in the base image.
+pub const AGENT_HOME: &str = "/home/agent";
+/// The model name harnesses are told to send.
+pub const MODEL_NAME: &str = "policy";
+/// Where a harness's standard input is written when the instruction goes there.
+pub const STDIN_FILE: &str = "/tmp/lego-agent-stdin";
+
+/// Time the whole trial may take beyond its stage limits (container start, extract, cleanup)
+/// before the watchdog ends it as `infra:timeout`.
+const TRIAL_SLACK: Duration = Duration::from_secs(120);
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The shell script the sandbox runs as the agent user: the harness's environment, its command
+/// line, its standard input, in the repository.
+pub fn agent_script(launch: &Launch, workdir: &str) -> String {
+    let mut s = String::from("set -u\n");
+    s.push_str(&format!("mkdir -p {}\n", sh_quote(&launch.logs)));
+    s.push_str(&format!("cd {} || exit 125\n", sh_quote(workdir)));
+    for (k, v) in &launch.env {
+        s.push_str(&format!("export {k}={}\n", sh_quote(v)));
+    }
+    let argv: Vec<String> = launch.argv.iter().map(|a| sh_quote(a)).collect();
+    let stdin = if launch.stdin.is_some() {
+        STDIN_FILE
+    } else {
+        "/dev/null"
+    };
+    s.push_str(&format!("exec {} < {}\n", argv.join(" "), sh_quote(stdin)));
+    s
+}
+
+/// The files written into the container before the agent stage: the adapter's files (relative
+/// paths are relative to the agent's home) and the standard-input file.
+pub fn launch_files(launch: &Launch) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = launch
+        .files
+        .iter()
+        .map(|(path, text)| {
+            let path = if path.starts_with('/') {
+                path.clone()
+            } else {
+                format!("{AGENT_HOME}/{path}")
+            };
+            (path, text.clone().into_bytes())
+        })
+        .collect();
+    if let Some(stdin) = &launch.stdin {
+        files.push((STDIN_FILE.to_string(), stdin.clone().into_bytes()));
+    }
+    files
+}
+
+/// One (task, group, sample) to run.
+pub struct TrialSpec {
+    pub task: Task,
+    pub image: String,
+    pub group_id: u64,
+    pub sample: u32,
+    pub policy_version: u64,
+}
+
+/// Runs one trial to its trajectory; never fails (infrastructure problems become `infra:*`).
+pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
+    let trial_id = Trajectory::make_id(&spec.task.id, spec.group_id, spec.sample);
+    let (token, captures) = shared.proxy.register_trial(&trial_id);
+    captures.push_script(shared.forced.script(&spec.task.id, spec.sample).to_vec());
+    let workdir = spec
+        .task
+        .environment
+        .workdir
+        .clone()
+        .unwrap_or_else(|| crate::sandbox::images::DEFAULT_WORKDIR.to_string());
+    let launch = shared.harness.render(&TrialContext {
+        instruction: spec.task.instruction.clone(),
+        workdir: workdir.clone(),
+        home: AGENT_HOME.into(),
+        runtime: RUNTIME_DIR.into(),
+        proxy_url: relay::proxy_url(&token),
+        model: MODEL_NAME.into(),
+    });
+    let script = agent_script(&launch, &workdir);
+    let mut limits = TrialLimits::for_task(&spec.task);
+    if let Some(agent) = shared.agent_timeout {
+        limits.agent = agent;
+    }
+    let budget = limits.setup + limits.agent + limits.eval + TRIAL_SLACK;
+    let sandbox = Sandbox::new(
+        shared.engine.clone(),
+        spec.task.clone(),
+        shared.task_root.clone(),
+        spec.image.clone(),
+        &shared.run_id,
+        &trial_id,
+        limits,
+        Vec::new(),
+        shared.binds.clone(),
+    )
+    .with_proxy_socket(shared.socket.clone())
+    .with_files(launch_files(&launch));
+    let result = match tokio::time::timeout(budget, sandbox.run(&script)).await {
+        Ok(r) => r,
+        Err(_) => TrialResult {
+            termination: Termination::Infra("timeout".into()),
+            infra_failure: true,
+            reward: None,
+            grader: None,
+            stages: BTreeMap::new(),
+            audit: Vec::new(),
+            diff: None,
+            agent_log: Some(format!("the trial exceeded its budget of {}s", budget.as_secs())),
+        },
+    };
+    shared.proxy.finish_trial(&token);
+    let generations = captures.generations();
+    trajectory(&shared, &spec, &workdir, result, generations)
+}
+
+/// The trajectory of a finished trial: the sandbox's result refined by the captures (context
+/// limit, turn budget, model-side infrastructure errors) and audit events from the tool calls.
+fn trajectory(
+    shared: &Shared,
+    spec: &TrialSpec,
+    workdir: &str,
+    result: TrialResult,
+    generations: Vec<Generation>,
+) -> Trajectory {
+    let exit_code = result
+        .stages
+        .get("agent")
+        .and_then(|s| s.outcome.strip_prefix("exit Some("))
+        .and_then(|s| s.strip_suffix(')'))
+        .and_then(|s| s.parse::<i64>().ok());
+    let termination = classify(
+        &result.termination,
+        exit_code,
+        &generations,
+        &shared.harness.config.max_turns_exit_codes,
+        shared.harness.config.max_turns,
+    );
+    let mut audit = result.audit.clone();
+    audit.extend(audit_tool_calls(shared, &generations, workdir));
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("run_id".into(), json!(shared.run_id));
+    metadata.insert("image".into(), json!(spec.image));
+    if let Some(code) = exit_code {
+        metadata.insert("agent_exit_code".into(), json!(code));
+    }
+    let forced = shared.forced.script(&spec.task.id, spec.sample).len();
+    if forced > 0 {
+        metadata.insert("forced_outputs".into(), json!(forced));
+    }
+    if let Some(log) = &result.agent_log {
+        metadata.insert("agent_log_tail".into(), Value::String(tail(log, 4000)));
+    }
+    Trajectory {
+        schema: <Trajectory as Record>::SCHEMA.into(),
+        id: Trajectory::make_id(&spec.task.id, spec.group_id, spec.sample),
+        task_id: spec.task.id.clone(),
+        group_id: spec.group_id,
+        sample_index: spec.sample,
+        harness: shared.harness.config.name.clone(),
+        backend: shared.backend_id.clone(),
+        policy_version: spec.policy_version,
+        sampling: shared.sampling.clone(),
+        generations,
+        infra_failure: termination.is_infra(),
+        termination,
+        reward: result.reward,
+        grader: result.grader,
+        stages: result.stages,
+        audit,
+        diff: result.diff,
+        mode: Some(shared.mode.clone()),
+        metadata,
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let mut i = s.len().saturating_sub(n);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    s[i..].to_string()
+}
+
+/// How a trial ended, refining the sandbox's view with the captures: a model-side failure is
+/// `infra:model`; a prompt over the context is `context_limit`; an adapter's turn-budget exit code,
+/// or a main thread that used the whole turn budget, is `max_turns`.
+pub fn classify(
+    sandbox: &Termination,
+    exit_code: Option<i64>,
+    generations: &[Generation],
+    max_turns_exit_codes: &[i64],
+    max_turns: u32,
+) -> Termination {
+    if sandbox.is_infra() {
+        return sandbox.clone();
+    }
+    let context = generations.iter().any(|g| {
+        g.extra.contains_key("context_limit")
+            || g.error
+                .as_deref()
+                .is_some_and(|e| e.contains("does not fit the context"))
+    });
+    if context {
+        return Termination::ContextLimit;
+    }
+    if generations
+        .iter()
+        .any(|g| g.status.as_deref() == Some("infra_error"))
+    {
+        return Termination::Infra("model".into());
+    }
+    if matches!(sandbox, Termination::AgentTimeout) {
+        return sandbox.clone();
+    }
+    if exit_code.is_some_and(|c| max_turns_exit_codes.contains(&c)) {
+        return Termination::MaxTurns;
+    }
+    let main_turns = generations.iter().filter(|g| g.thread == 0).count();
+    if max_turns > 0 && main_turns >= max_turns as usize {
+        return Termination::MaxTurns;
+    }
+    sandbox.clone()
+}
+
+/// Paths a command may touch without being counted as reading outside the repository.
+const OWN_PREFIXES: &[&str] = &[
+    "/tmp",
+    "/dev/",
+    "/usr/",
+    "/bin/",
+    "/sbin/",
+    "/lib",
+    "/etc/alternatives",
+    "/proc/self/fd",
+    "/opt/lego-agent",
+];
+
+/// Audit events from the commands the agent ran (tool-call arguments of its generations):
+/// `git_history` for commands touching `.git` or git history, `outside_read` for absolute paths
+/// outside the repository, home, /tmp and system directories.
+pub fn audit_tool_calls(shared: &Shared, generations: &[Generation], workdir: &str) -> Vec<AuditEvent> {
+    let mut out = Vec::new();
+    for g in generations {
+        let Ok(parsed) = shared.chat.parse_output(
+            &g.output_ids,
+            ToolCallIds::new("audit", u64::from(g.index)),
+            false,
+            &[],
+        ) else {
+            continue;
+        };
+        for call in &parsed.tool_calls {
+            let text = serde_json::from_str::<Value>(&call.arguments)
+                .ok()
+                .and_then(|v| {
+                    v.as_object().map(|o| {
+                        o.values()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                })
+                .unwrap_or_else(|| call.arguments.clone());
+            out.extend(
+                audit_command(&text, workdir)
+                    .into_iter()
+                    .map(|(kind, detail)| AuditEvent {
+                        kind: kind.into(),
+                        detail,
+                        generation: Some(g.index),
+                    }),
+            );
+        }
+    }
+    out
+}
+
+/// Audit kinds found in one command text.
+pub fn audit_command(cmd: &str, workdir: &str) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let short: String = cmd.chars().take(300).collect();
+    let touches_git_dir = cmd.match_indices(".git").any(|(i, _)| {
+        let after = cmd[i + 4..].chars().next();
+        !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    });
+    let history = [
+        "git log",
+        "git reflog",
+        "git show",
+        "git fsck",
+        "git cat-file",
+        "git stash list",
+        "git checkout ",
+    ]
+    .iter()
+    .any(|p| cmd.contains(p));
+    if touches_git_dir || history {
+        out.push(("git_history", short.clone()));
+    }
+    let home = format!("{AGENT_HOME}/");
+    for word in cmd.split(|c: char| {
+        c.is_whitespace()
+            || matches!(
+                c,
+                '"' | '\'' | '<' | '>' | ';' | '|' | '&' | '(' | ')' | '=' | ','
+            )
+    }) {
+        if !word.starts_with('/') || word.len() < 2 {
+            continue;
+        }
+        let inside = word == workdir
+            || word.starts_with(&format!("{}/", workdir.trim_end_matches('/')))
+            || word.starts_with(&home)
+            || word == AGENT_HOME
+            || OWN_PREFIXES.iter().any(|p| word.starts_with(p));
+        if !inside {
+            out.push(("outside_read", word.to_string()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen(thread: u32, status: &str) -> Generation {
+        Generation {
+            thread,
+            status: Some(status.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn classification_refines_the_sandbox() {
+        let ok = vec![gen(0, "ok"), gen(0, "ok"), gen(1, "ok")];
+        assert_eq!(
+            classify(&Termination::Finished, Some(0), &ok, &[], 50),
+            Termination::Finished
+        );
+        assert_eq!(
+            classify(&Termination::Finished, Some(0), &ok, &[], 2),
+            Termination::MaxTurns
+        );
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(3), &ok, &[3], 50),
+            Termination::MaxTurns
+        );
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(1), &ok, &[3], 50),
+            Termination::AgentCrash
+        );
+        let mut ctx = ok.clone();
+        ctx.push(Generation {
+            status: Some("infra_error".into()),
+            error: Some("prompt of 5000 tokens does not fit the context of 4096 tokens".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(1), &ctx, &[], 50),
+            Termination::ContextLimit
+        );
+        let mut down = ok.clone();
+        down.push(gen(0, "infra_error"));
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(1), &down, &[], 50),
+            Termination::Infra("model".into())
+        );
+        let setup = Termination::Infra("setup".into());
+        assert_eq!(classify(&setup, None, &[], &[], 50), setup);
+    }
+
+    #[test]
+    fn audit_finds_git_and_outside_paths() {
+        let kinds =
+            |c: &str| -> Vec<&str> { audit_command(c, "/testbed").into_iter().map(|(k, _)| k).collect() };
+        assert_eq!(kinds("ls -la .git/refs"), ["git_history"]);
+        assert_eq!(kinds("git log --oneline"), ["git_history"]);
+        assert!(kinds("cat .gitignore").is_empty());
+        assert!(kinds("grep -n foo /testbed/src/a.py /tmp/x 2>/dev/null").is_empty());
+        assert_eq!(kinds("cat /etc/passwd"), ["outside_read"]);
+        assert_eq!(kinds("ls /root/.ssh"), ["outside_read"]);
+        assert!(kinds("sed -i 's/a/b/' x.py").is_empty());
+    }
+
+    #[test]
+    fn agent_script_quotes_everything() {
+        let launch = Launch {
+            argv: vec![
+                "/opt/lego-agent/bin/mini".into(),
+                "-t".into(),
+                "it's a task".into(),
+            ],
+            env: BTreeMap::from([("HOME".to_string(), "/home/agent".to_string())]),
+            files: BTreeMap::from([("cfg.yaml".to_string(), "a: 1".to_string())]),
+            stdin: Some("hello".into()),
+            logs: "/tmp/logs".into(),
+        };
+        let s = agent_script(&launch, "/testbed");
+        assert!(s.contains("export HOME='/home/agent'\n"), "{s}");
+        assert!(s.contains(r"'it'\''s a task'"), "{s}");
+        assert!(s.contains(&format!("< '{STDIN_FILE}'")), "{s}");
+        let files = launch_files(&launch);
+        assert_eq!(files[0].0, "/home/agent/cfg.yaml");
+        assert_eq!(files[1], (STDIN_FILE.to_string(), b"hello".to_vec()));
+    }
+}

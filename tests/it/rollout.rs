@@ -1,0 +1,413 @@
+//! `lego-rl rollout` end to end: real Docker sandboxes, the real mini-swe-agent from PyPI (in the
+//! read-only runtime volume), the embedded tiny Qwen3-MoE behind the proxy, driven through
+//! multi-turn episodes by forced scripted continuations (testdata/rollout/inflection.json: sample
+//! 2k inspects, fixes, tests and submits; sample 2k+1 makes a wrong edit and submits). Fails
+//! loudly when Docker is missing and `CI` is set.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lego_rl::chat::ChatFormat;
+use lego_rl::io::{read_all, ReadOptions};
+use lego_rl::records::{Task, Termination, Trajectory};
+use serde_json::Value;
+
+use crate::common::lego;
+
+const TASK: &str = "inflection__ordinal-teens";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI runs")
+}
+
+fn docker_ok() -> bool {
+    match Command::new("docker").arg("info").output() {
+        Ok(o) if o.status.success() => true,
+        other if std::env::var_os("CI").is_some() => panic!("Docker is required under CI: {other:?}"),
+        _ => {
+            eprintln!("SKIPPED: no Docker engine");
+            false
+        }
+    }
+}
+
+/// The task file (the inflection task only, paths made absolute) and its image manifest, built
+/// once per test binary through the CLI.
+struct Fixture {
+    tasks: PathBuf,
+    images: PathBuf,
+}
+
+fn fixture() -> &'static Fixture {
+    static FX: OnceLock<Fixture> = OnceLock::new();
+    FX.get_or_init(|| {
+        let have_base = docker(&["image", "inspect", "lego-rl/base:trixie"])
+            .status
+            .success();
+        if !have_base {
+            let st = Command::new(root().join("scripts/bootstrap-base-image.sh"))
+                .status()
+                .expect("bootstrap script runs");
+            assert!(st.success(), "bootstrap-base-image.sh failed");
+        }
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rollout-fixture");
+        std::fs::create_dir_all(&dir).unwrap();
+        let all: Vec<Task> =
+            read_all(&root().join("testdata/tasks/tasks.jsonl"), ReadOptions::default()).unwrap();
+        let mut task = all.into_iter().find(|t| t.id == TASK).expect("inflection task");
+        task.absolutize_paths(&root().join("testdata/tasks"));
+        let tasks = dir.join("tasks.jsonl");
+        std::fs::write(&tasks, serde_json::to_string(&task).unwrap() + "\n").unwrap();
+        let images = dir.join("images.jsonl.zst");
+        let out = lego()
+            .args(["build-images", "-i"])
+            .arg(&tasks)
+            .arg("-o")
+            .arg(&images)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "build-images: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Fixture { tasks, images }
+    })
+}
+
+fn tiny_moe() -> PathBuf {
+    crate::model::tiny_moe()
+}
+
+fn chat_dir() -> PathBuf {
+    root().join("testdata/tokenizer/qwen3")
+}
+
+fn forced() -> PathBuf {
+    root().join("testdata/rollout/inflection.json")
+}
+
+/// `lego-rl rollout` on the fixture with mini-swe-agent and the forced scripts.
+fn rollout_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let fx = fixture();
+    let mut a: Vec<String> = vec![
+        "rollout".into(),
+        "-i".into(),
+        fx.tasks.display().to_string(),
+        "--images".into(),
+        fx.images.display().to_string(),
+        "--harness".into(),
+        root()
+            .join("examples/harnesses/mini-swe-agent.toml")
+            .display()
+            .to_string(),
+        "--backend".into(),
+        format!("embedded:{}", tiny_moe().display()),
+        "--chat-model".into(),
+        chat_dir().display().to_string(),
+        "--forced".into(),
+        forced().display().to_string(),
+        "--max-turns".into(),
+        "8".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn read(out: &Path) -> Vec<Trajectory> {
+    read_all(
+        out,
+        ReadOptions {
+            strict: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn leftovers(run_id: &str) -> String {
+    let o = docker(&["ps", "-aq", "--filter", &format!("label=lego-rl.run-id={run_id}")]);
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// The tool results the harness sent back (OpenAI `tool` messages) in a generation's request.
+fn tool_results(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| {
+                    m["content"]
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| m["content"].to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn forced_scripts() -> Vec<Vec<String>> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(forced()).unwrap()).unwrap();
+    serde_json::from_value(v["tasks"][TASK].clone()).unwrap()
+}
+
+/// Checks a successful (even) sample: the episode's outputs are the forced script token for
+/// token, the commands really ran in the container, the fix was graded 1.
+fn check_good(t: &Trajectory, chat: &ChatFormat) {
+    assert_eq!(t.termination, Termination::Finished, "{t:#?}");
+    assert!(!t.infra_failure);
+    assert_eq!(t.reward, Some(1.0), "grader: {:?}", t.grader);
+    let script = &forced_scripts()[0];
+    assert_eq!(
+        t.generations.len(),
+        script.len(),
+        "one model call per scripted turn"
+    );
+    let im_end = chat.special().im_end.unwrap();
+    for (g, text) in t.generations.iter().zip(script) {
+        assert_eq!(g.status.as_deref(), Some("ok"), "{g:?}");
+        assert_eq!(g.thread, 0);
+        let mut want = chat.encode(text).unwrap();
+        want.push(im_end);
+        assert_eq!(g.output_ids, want, "captured output is the forced continuation");
+        assert_eq!(g.finish_reason, "tool_calls");
+        assert_eq!(g.logprobs.to_f32().unwrap().len(), g.output_ids.len());
+        assert!(g.routing.is_some(), "MoE routing captured");
+        assert_eq!(g.policy_version, 0);
+    }
+    // The commands ran in the sandbox: the harness fed their real output back.
+    let grep = tool_results(&t.generations[1].request).join("\n");
+    assert!(
+        grep.contains("number % 10 in (11, 12, 13)"),
+        "grep output: {grep}"
+    );
+    let pytest = tool_results(&t.generations[3].request).join("\n");
+    assert!(pytest.contains("passed"), "pytest output: {pytest}");
+    assert!(!pytest.contains("failed"), "pytest output: {pytest}");
+    let diff = t.diff.as_deref().expect("diff");
+    assert!(diff.contains("+    if number % 100 in (11, 12, 13):"), "{diff}");
+    let grader = t.grader.as_ref().expect("grader");
+    assert_eq!(
+        grader
+            .tests
+            .get("tests_lego/test_regression.py::test_teens_take_th")
+            .map(String::as_str),
+        Some("PASSED"),
+        "{grader:?}"
+    );
+    for stage in ["setup", "agent", "extract", "evaluate", "cleanup"] {
+        let s = t
+            .stages
+            .get(stage)
+            .unwrap_or_else(|| panic!("stage {stage} in {:?}", t.stages));
+        assert!(s.end >= s.start);
+    }
+    assert_eq!(t.stages["agent"].outcome, "ok");
+}
+
+#[test]
+fn mini_swe_agent_episode_inspects_edits_tests_and_gets_reward_1() {
+    if !docker_ok() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("traj.jsonl.zst");
+    let run_id = format!("it-rollout-episode-{}", std::process::id());
+    let o = lego()
+        .args(rollout_args(
+            &out,
+            &["--group-size", "1", "--run-id", &run_id, "-v"],
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "rollout failed: {stderr}");
+    assert!(
+        stderr.contains(&format!("group {TASK}/0: 1 trials")),
+        "group line at -v: {stderr}"
+    );
+    let trajs = read(&out);
+    assert_eq!(trajs.len(), 1);
+    let t = &trajs[0];
+    assert_eq!(t.schema, "lego-rl/trajectory/v1");
+    assert_eq!(t.id, format!("{TASK}/0/0"));
+    assert_eq!((t.task_id.as_str(), t.group_id, t.sample_index), (TASK, 0, 0));
+    assert_eq!(t.harness, "mini-swe-agent");
+    assert!(t.backend.starts_with("embedded:"), "{}", t.backend);
+    assert_eq!(t.policy_version, 0);
+    assert_eq!(t.sampling.temperature, Some(1.0));
+    assert_eq!(t.mode.as_deref(), Some("train"));
+    assert_eq!(t.metadata["run_id"], run_id.as_str());
+    let chat = ChatFormat::from_parts(
+        &chat_dir().join("tokenizer.json"),
+        &chat_dir().join("tokenizer_config.json"),
+        None,
+    )
+    .unwrap();
+    check_good(t, &chat);
+    // mini-swe-agent's first request is the rendered system + task; later ones splice the
+    // captured tokens (faithful prompts).
+    assert!(t.generations[0].request["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("ordinalize(11)"));
+    assert_eq!(leftovers(&run_id), "", "sandboxes left behind");
+    // A rerun finds the key done and does nothing.
+    let o = lego()
+        .args(rollout_args(&out, &["--group-size", "1", "--run-id", &run_id]))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(read(&out).len(), 1);
+}
+
+#[test]
+fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
+    if !docker_ok() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("traj.jsonl.zst");
+    let run_id = format!("it-rollout-group-{}", std::process::id());
+    // Infra fault: a container already holds sample 5's sandbox name, so creating its container
+    // fails in setup (as a leftover or an engine conflict would).
+    let blocker = format!(
+        "lego-rl-{}-{}",
+        lego_rl::sandbox::images::slug(&run_id),
+        lego_rl::sandbox::images::slug(&format!("{TASK}/0/5"))
+    );
+    let c = docker(&["create", "--name", &blocker, "lego-rl/base:trixie", "true"]);
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let o = lego()
+        .args(rollout_args(
+            &out,
+            &["--group-size", "8", "-j", "2", "--run-id", &run_id],
+        ))
+        .output()
+        .unwrap();
+    docker(&["rm", "-f", &blocker]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "rollout failed: {stderr}");
+    let trajs = read(&out);
+    let by_sample: BTreeMap<u32, &Trajectory> = trajs.iter().map(|t| (t.sample_index, t)).collect();
+    assert_eq!(
+        by_sample.keys().copied().collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    let chat = ChatFormat::from_parts(
+        &chat_dir().join("tokenizer.json"),
+        &chat_dir().join("tokenizer_config.json"),
+        None,
+    )
+    .unwrap();
+    for (s, t) in &by_sample {
+        assert_eq!(t.group_id, 0);
+        if *s == 5 {
+            assert_eq!(t.termination, Termination::Infra("setup".into()), "{t:#?}");
+            assert!(t.infra_failure);
+            assert_eq!(t.reward, None);
+            assert!(t.generations.is_empty());
+            assert_eq!(t.stages["setup"].outcome, "error");
+        } else if s % 2 == 0 {
+            check_good(t, &chat);
+        } else {
+            assert_eq!(t.termination, Termination::Finished, "{t:#?}");
+            assert!(!t.infra_failure);
+            assert_eq!(t.reward, Some(0.0), "wrong edit graded 0: {:?}", t.grader);
+            assert_eq!(t.generations.len(), 3);
+            assert!(t.diff.as_deref().unwrap_or("").contains("number in (11,)"));
+        }
+    }
+    let rewards: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
+    assert_eq!(rewards.len(), 7);
+    assert_eq!(
+        rewards.iter().sum::<f64>(),
+        4.0,
+        "samples 0, 2, 4 and 6 fixed the bug"
+    );
+    assert_eq!(leftovers(&run_id), "", "sandboxes left behind");
+}
+
+#[test]
+fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
+    if !docker_ok() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("traj.jsonl.zst");
+    // Two groups of 2 (epochs 0 and 1), one trial at a time; the default run id (from the
+    // output path) lets the rerun remove what the killed run left behind.
+    let args = rollout_args(&out, &["--group-size", "2", "--epochs", "2", "-j", "1"]);
+    let run_id = lego_rl::rollout::default_run_id(&out);
+    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
+    let mut child = Command::new(&bin)
+        .args(&args)
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for group 0 to be committed and a trial of group 1 to be running, then SIGKILL.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        assert!(Instant::now() < deadline, "group 0 never completed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rollout ended before it was killed"
+        );
+        let committed =
+            out.exists() && read_all::<Trajectory>(&out, ReadOptions::default()).is_ok_and(|t| t.len() == 2);
+        if committed && !leftovers(&run_id).is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = read(&out);
+    assert_eq!(before.len(), 2, "only the committed group is in the file");
+    assert!(before.iter().all(|t| t.group_id == 0));
+    assert!(!leftovers(&run_id).is_empty(), "the killed run left its sandbox");
+    let o = lego().args(&args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "rerun: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let after = read(&out);
+    let mut keys: Vec<(String, u64, u32)> = after
+        .iter()
+        .map(|t| (t.task_id.clone(), t.group_id, t.sample_index))
+        .collect();
+    keys.sort();
+    let want: Vec<(String, u64, u32)> = [(0, 0), (0, 1), (1, 0), (1, 1)]
+        .into_iter()
+        .map(|(g, s)| (TASK.to_string(), g, s))
+        .collect();
+    assert_eq!(keys, want, "every (task, group, sample) exactly once");
+    assert_eq!(&after[..2], &before[..], "the first run's records are untouched");
+    for t in &after {
+        assert!(!t.infra_failure, "{t:#?}");
+        assert_eq!(t.reward, Some(if t.sample_index == 0 { 1.0 } else { 0.0 }));
+    }
+    assert_eq!(
+        leftovers(&run_id),
+        "",
+        "the rerun removed the killed run's sandboxes"
+    );
+}
