@@ -81,7 +81,8 @@ newest() {
   echo "$best"
 }
 
-# Tasks of batch s: a deterministic slice of the task list, cycling (one group per task).
+# Tasks of batch s: a deterministic slice of the task list, cycling (one group per task; group id =
+# batch number, so trajectory ids stay unique across the run).
 batch_tasks() {
   local s=$1 out=$2
   zstd -dcf "$tasks" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
@@ -102,7 +103,7 @@ rollout_loop() {
     say "rollout batch $s with $(basename "$ckpt")"
     # shellcheck disable=SC2086 # rollout_args is a word list by design
     "$lego" -q rollout -i "$run/logs/tasks-$(step_name "$s").jsonl.zst" --images "$images" \
-      --harness "$harness" --backend "embedded:$ckpt" --group-size "$group_size" -j "$jobs" \
+      --harness "$harness" --backend "embedded:$ckpt" --group-size "$group_size" -j "$jobs" --first-group "$s" \
       -o "$traj" $rollout_args 2>>"$run/logs/rollout.log" || { say "rollout batch $s failed (logs/rollout.log)"; return 1; }
     touch "$traj.done"
   done

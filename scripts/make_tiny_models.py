@@ -8,7 +8,10 @@ by transformers in its own (newer) config layout (``num_local_experts``/``rope_p
 where the installed version writes those). ``reference.json`` holds next-token log-probs and the
 router top-2 per MoE layer from transformers (see hf_reference.py).
 
-Idempotent: does nothing when OUT already has reference.json. Writes into a temp dir and renames,
+The real Qwen3 tokenizer and chat template (testdata/tokenizer/qwen3) are copied in, as in a
+published checkpoint.
+
+Idempotent: only adds missing tokenizer files when OUT already has reference.json. Writes into a temp dir and renames,
 so concurrent runs or a crash never leave a half-written OUT.
 
 Usage: make_tiny_models.py [OUT]   (default testdata/models/generated/tiny-qwen3-moe)
@@ -72,15 +75,30 @@ def build(out):
         json.dump(ref, f)
 
 
+TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "tokenizer", "qwen3")
+
+
+def add_tokenizer(out):
+    """Copies the real Qwen3 tokenizer and chat template in, as a published checkpoint has them
+    (rollout's embedded backend reads them from the checkpoint; train-step copies them on)."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        dst = os.path.join(out, name)
+        if not os.path.isfile(dst):
+            shutil.copyfile(os.path.join(TOKENIZER, name), dst + ".tmp")
+            os.rename(dst + ".tmp", dst)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "testdata/models/generated/tiny-qwen3-moe"
     if os.path.isfile(os.path.join(out, "reference.json")):
+        add_tokenizer(out)
         return
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tiny-", dir=parent)
     try:
         build(tmp)
+        add_tokenizer(tmp)
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, out)

@@ -36,7 +36,7 @@ def make_samples(ckpt, out, n, length, prompt, seed):
             gate.register_forward_hook(lambda _m, _i, o: captured.append(o[2].clone()))
     with open(out, "w") as f:
         for i in range(n):
-            ids = [rng.randrange(151643) for _ in range(length)]
+            ids = [rng.randrange(min(151643, model.config.vocab_size)) for _ in range(length)]
             captured.clear()
             with torch.no_grad():
                 logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]

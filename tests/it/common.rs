@@ -23,3 +23,19 @@ pub fn python() -> std::path::PathBuf {
         "python3".into()
     }
 }
+
+/// True when the Docker Engine answers; outside CI a missing engine skips the test (with a
+/// message), under CI it fails loudly.
+pub fn docker_available() -> bool {
+    let ok = std::process::Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok && std::env::var_os("CI").is_some() {
+        panic!("Docker is required under CI");
+    }
+    if !ok {
+        eprintln!("SKIPPED: no Docker engine");
+    }
+    ok
+}

@@ -8,6 +8,7 @@ mod docs;
 mod filter_tasks;
 mod io;
 mod model;
+mod pipeline;
 mod proxy;
 mod proxy_sdk;
 mod report;

@@ -11,21 +11,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::{filter, read_jsonl, testdata};
-use crate::common::lego;
-
-fn docker_available() -> bool {
-    let ok = Command::new("docker")
-        .args(["version", "--format", "{{.Server.Version}}"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok && std::env::var_os("CI").is_some() {
-        panic!("Docker is required under CI");
-    }
-    if !ok {
-        eprintln!("SKIPPED: no Docker engine");
-    }
-    ok
-}
+use crate::common::{docker_available, lego};
 
 /// The manifests of `tasks.jsonl` and `invalid.jsonl`, built once per test binary through the CLI
 /// (bootstrapping the base image when the engine lacks it).
