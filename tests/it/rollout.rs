@@ -411,3 +411,58 @@ fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
         "the rerun removed the killed run's sandboxes"
     );
 }
+
+/// Ctrl-C (SIGINT) in the middle of a trial: rollout removes every container and network of its
+/// run before exiting 130, and writes no partial group.
+#[test]
+fn sigint_mid_trial_removes_the_runs_sandboxes() {
+    if !docker_ok() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("traj.jsonl.zst");
+    let args = rollout_args(&out, &["--group-size", "1", "-j", "1"]);
+    let run_id = lego_rl::rollout::default_run_id(&out);
+    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
+    let mut child = Command::new(&bin)
+        .args(&args)
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while leftovers(&run_id).is_empty() {
+        assert!(Instant::now() < deadline, "no sandbox was ever created");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rollout ended before the interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(leftovers(&run_id), "", "containers left after SIGINT");
+    let nets = docker(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=lego-rl.run-id={run_id}"),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&nets.stdout).trim(),
+        "",
+        "networks left after SIGINT"
+    );
+    let written = if out.exists() { read(&out).len() } else { 0 };
+    assert_eq!(written, 0, "no partial group is written");
+}

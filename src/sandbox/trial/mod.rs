@@ -575,7 +575,16 @@ impl Drop for Trial {
     }
 }
 
-/// On SIGINT/SIGTERM: remove every object of `run_id`, then exit 130. Call once per process.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True once SIGINT/SIGTERM arrived: trial results from then on are the interruption's doing (the
+/// sweep is removing their sandboxes) and must not be recorded as outcomes.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// On SIGINT/SIGTERM: flag [`interrupted`], remove every object of `run_id`, then exit 130. Call
+/// once per process.
 pub fn install_signal_sweep(engine: Engine, run_id: String) {
     tokio::spawn(async move {
         let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -586,6 +595,7 @@ pub fn install_signal_sweep(engine: Engine, run_id: String) {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let n = engine.sweep(Some(&run_id)).await.unwrap_or(0);
         eprintln!("lego-rl: interrupted; removed {n} sandbox objects of run {run_id}");
         std::process::exit(130);

@@ -182,15 +182,19 @@ impl Validator {
     /// called after each graded run (progress).
     pub fn check_all(&self, candidates: &[Candidate], on_trial: &(dyn Fn() + Sync)) -> Vec<ValidityVerdict> {
         self.rt.block_on(async {
-            futures::stream::iter(candidates.iter().enumerate())
+            let verdicts = futures::stream::iter(candidates.iter().enumerate())
                 .map(|(i, c)| async move { (i, self.check(c, on_trial).await) })
                 .buffer_unordered(self.jobs)
                 .collect::<Vec<_>>()
                 .await
                 .into_iter()
-                .collect::<BTreeMap<_, _>>()
-                .into_values()
-                .collect()
+                .collect::<BTreeMap<_, _>>();
+            if crate::sandbox::trial::interrupted() {
+                // Ctrl-C/SIGTERM: the verdicts are the interruption's doing; nothing may be
+                // written from them. The signal task exits (130) once its sweep is done.
+                std::future::pending::<()>().await;
+            }
+            verdicts.into_values().collect()
         })
     }
 
