@@ -238,6 +238,23 @@ impl Engine {
             Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
                 Ok(())
             }
+            // Someone else (a sweep, a signal handler) is removing it: wait until it is gone, so
+            // that removing its network right after does not find an endpoint still attached.
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
+                for _ in 0..40 {
+                    match self
+                        .docker
+                        .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
+                        .await
+                    {
+                        Err(bollard::errors::Error::DockerResponseServerError {
+                            status_code: 404, ..
+                        }) => return Ok(()),
+                        _ => tokio::time::sleep(Duration::from_millis(250)).await,
+                    }
+                }
+                Ok(())
+            }
             Err(source) => Err(SandboxError::RemoveContainer {
                 container: id.to_string(),
                 source,

@@ -477,7 +477,20 @@ impl Trial {
             }
         }
         if let Some(net) = self.network.take() {
-            if let Err(e) = self.engine.remove_network(&net).await {
+            // An endpoint can outlive its container by a moment (the engine detaches it
+            // asynchronously), so a failed removal is retried briefly before it counts.
+            let mut last = None;
+            for attempt in 0..5u64 {
+                match self.engine.remove_network(&net).await {
+                    Ok(()) => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await;
+            }
+            if let Some(e) = last {
                 first_err.get_or_insert(e);
             }
         }
