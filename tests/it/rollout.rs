@@ -15,7 +15,7 @@ use lego_rl::io::{read_all, ReadOptions};
 use lego_rl::records::{Task, Termination, Trajectory};
 use serde_json::Value;
 
-use crate::common::lego;
+use crate::common::{docker_available, lego};
 
 const TASK: &str = "inflection__ordinal-teens";
 
@@ -28,17 +28,6 @@ fn docker(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("docker CLI runs")
-}
-
-fn docker_ok() -> bool {
-    match Command::new("docker").arg("info").output() {
-        Ok(o) if o.status.success() => true,
-        other if std::env::var_os("CI").is_some() => panic!("Docker is required under CI: {other:?}"),
-        _ => {
-            eprintln!("SKIPPED: no Docker engine");
-            false
-        }
-    }
 }
 
 /// The task file (the inflection task only, paths made absolute) and its image manifest, built
@@ -221,7 +210,7 @@ fn check_good(t: &Trajectory, chat: &ChatFormat) {
 
 #[test]
 fn mini_swe_agent_episode_inspects_edits_tests_and_gets_reward_1() {
-    if !docker_ok() {
+    if !docker_available() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -277,7 +266,7 @@ fn mini_swe_agent_episode_inspects_edits_tests_and_gets_reward_1() {
 
 #[test]
 fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
-    if !docker_ok() {
+    if !docker_available() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -344,7 +333,7 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
 
 #[test]
 fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
-    if !docker_ok() {
+    if !docker_available() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -416,7 +405,7 @@ fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
 /// run before exiting 130, and writes no partial group.
 #[test]
 fn sigint_mid_trial_removes_the_runs_sandboxes() {
-    if !docker_ok() {
+    if !docker_available() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
