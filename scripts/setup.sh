@@ -22,13 +22,16 @@ torch_version=2.11.0
 say() { printf 'setup: %s\n' "$*" >&2; }
 
 mkdir -p "$cache"
-# The loop scripts (scripts/loop.sh, examples/slurm) slice zstd JSONL with the zstd CLI.
-if ! command -v zstd >/dev/null; then
-  say "installing the zstd CLI"
+# The loop scripts (scripts/loop.sh, demo.sh, examples/slurm) slice zstd JSONL with the zstd and jq CLIs.
+missing=""
+for tool in zstd jq; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
+if [ -n "$missing" ]; then
+  say "installing$missing"
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 && apt-get install -y -qq zstd >&2
+    # shellcheck disable=SC2086 # a word list
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 && apt-get install -y -qq $missing >&2
   else
-    say "warning: no zstd CLI and no root apt-get; install zstd for scripts/loop.sh"
+    say "warning: missing$missing and no root apt-get; install them for scripts/loop.sh and demo.sh"
   fi
 fi
 if [ ! -x "$venv/bin/python" ]; then
