@@ -14,7 +14,10 @@
 //! including the assistant turn, `F` = render of the full new request,
 //! - `P` must start with `G` (the assistant turn is appended after the generation prompt),
 //! - `F` must start with `P` (later messages do not re-render earlier ones — Qwen3 drops the
-//!   `<think>` of assistant turns before the last user query, so a new user turn breaks this),
+//!   `<think>` of assistant turns before the last user query, so a new user turn breaks this);
+//!   one exception: text the template adds to a turn only while it is the last message (Qwen3's
+//!   empty think block) may vanish from `F` when the captured turn never contained it, since `F`
+//!   then renders the turn as it was sampled (see `after_last_turn_artifact`),
 //! - the assistant part `P[len G..]` ends with the end-of-turn token (`eos_token`, `<|im_end|>`)
 //!   and what follows it in the template (`\n`) starts the suffix: `suffix = tail + F[len P..]`.
 //!
@@ -137,9 +140,6 @@ impl ChatFormat {
         let assistant_part = p.strip_prefix(g.as_str()).ok_or(SpliceBreak::NotAppendOnly {
             detail: "the assistant turn does not extend the generation prompt",
         })?;
-        let later = f.strip_prefix(p.as_str()).ok_or(SpliceBreak::NotAppendOnly {
-            detail: "later messages change how earlier turns render (e.g. <think> of old turns dropped)",
-        })?;
         let eos = self.template().special_token("eos_token").unwrap_or("<|im_end|>");
         let eos_id = self.tokenizer().token_id(eos).ok_or(SpliceBreak::NotAppendOnly {
             detail: "the end-of-turn token is not a single token",
@@ -150,6 +150,13 @@ impl ChatFormat {
             .ok_or(SpliceBreak::NotAppendOnly {
                 detail: "the assistant turn has no end-of-turn token",
             })?;
+        // What follows the turn's end-of-turn token: the template's `tail` (`\n`) + later messages.
+        let suffix_text = match f.strip_prefix(p.as_str()) {
+            Some(later) => format!("{tail}{later}"),
+            None => self
+                .after_last_turn_artifact(&upto(a), &turn_opts, &g, &p, &f, prev, eos)?
+                .to_string(),
+        };
 
         let mut ids = Vec::with_capacity(prev.prompt_ids.len() + prev.output_ids.len() + 64);
         ids.extend_from_slice(prev.prompt_ids);
@@ -159,7 +166,6 @@ impl ChatFormat {
             ids.push(eos_id);
         }
         let reused = ids.len();
-        let suffix_text = format!("{tail}{later}");
         ids.extend(self.encode(&suffix_text)?);
         Ok(FaithfulPrompt {
             prompt_ids: ids,
@@ -167,6 +173,86 @@ impl ChatFormat {
             suffix_text,
             closed_turn,
         })
+    }
+}
+
+impl ChatFormat {
+    /// `F` does not start with `P`. Still append-only when the only difference in how turn `a`
+    /// renders is what the template adds to an assistant turn **only while it is the last
+    /// message** (Qwen3: an empty `<think>\n\n</think>\n\n` block when the turn has no reasoning)
+    /// and the captured turn never contained that text — then `F` renders the turn exactly as the
+    /// policy saw it, e.g. Claude Code with thinking enabled and a turn without reasoning. If the
+    /// captured turn does contain it (thinking disabled: the generation prompt holds the empty
+    /// block) or the difference is anything else (reasoning dropped before a new user turn), the
+    /// splice breaks. Returns `F` after turn `a`'s end-of-turn token (the whole suffix).
+    #[allow(clippy::too_many_arguments)]
+    fn after_last_turn_artifact<'f>(
+        &self,
+        before: &Conversation,
+        turn_opts: &RenderOptions,
+        g: &str,
+        p: &str,
+        f: &'f str,
+        prev: &PreviousGeneration<'_>,
+        eos: &str,
+    ) -> Result<&'f str, SpliceBreak> {
+        let changed = SpliceBreak::NotAppendOnly {
+            detail: "later messages change how earlier turns render (e.g. <think> of old turns dropped)",
+        };
+        let h = self.render(before, turn_opts)?;
+        if !(g.starts_with(&h) && p.starts_with(&h) && f.starts_with(&h)) {
+            return Err(changed);
+        }
+        let turn_end = |text: &str| text[h.len()..].find(eos).map(|i| h.len() + i + eos.len());
+        let (Some(pe), Some(fe)) = (turn_end(p), turn_end(f)) else {
+            return Err(changed);
+        };
+        let (turn_p, turn_f) = (&p[h.len()..pe], &f[h.len()..fe]);
+        let Some(artifact) = self.last_turn_artifact(turn_opts)? else {
+            return Err(changed);
+        };
+        let captured = format!("{}{}", &g[h.len()..], self.decode(prev.output_ids, false)?);
+        if turn_p.replacen(&artifact, "", 1) != turn_f || captured.contains(&artifact) {
+            return Err(changed);
+        }
+        Ok(&f[fe..])
+    }
+
+    /// What the template inserts into an assistant turn only when it is the last message, learned
+    /// from the template itself: the turn `y` of `[user x, assistant y]` vs `[user x, assistant y,
+    /// user z]`; `None` when both render it the same.
+    fn last_turn_artifact(&self, opts: &RenderOptions) -> Result<Option<String>, ChatError> {
+        let user = |t: &str| Message::text(Role::User, t);
+        let assistant = Message::text(Role::Assistant, "y");
+        let conv = |messages: Vec<Message>| Conversation {
+            messages,
+            ..Default::default()
+        };
+        let h = self.render(&conv(vec![user("x")]), opts)?;
+        let last = self.render(&conv(vec![user("x"), assistant.clone()]), opts)?;
+        let mid = self.render(&conv(vec![user("x"), assistant, user("z")]), opts)?;
+        let eos = self.template().special_token("eos_token").unwrap_or("<|im_end|>");
+        let turn = |text: &str| -> Option<String> {
+            let body = text.strip_prefix(h.as_str())?;
+            Some(body[..body.find(eos)? + eos.len()].to_string())
+        };
+        let (Some(last), Some(mid)) = (turn(&last), turn(&mid)) else {
+            return Ok(None);
+        };
+        if last == mid || last.len() <= mid.len() {
+            return Ok(None);
+        }
+        let prefix = last.bytes().zip(mid.bytes()).take_while(|(a, b)| a == b).count();
+        let suffix = last[prefix..]
+            .bytes()
+            .rev()
+            .zip(mid[prefix..].bytes().rev())
+            .take_while(|(a, b)| a == b)
+            .count();
+        if prefix + suffix != mid.len() || !last.is_char_boundary(prefix) {
+            return Ok(None);
+        }
+        Ok(Some(last[prefix..last.len() - suffix].to_string()))
     }
 }
 

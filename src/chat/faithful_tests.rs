@@ -297,3 +297,46 @@ fn multi_turn_chain_keeps_every_captured_token() {
     assert_ne!(rendered, canonical);
     assert_eq!(req2.messages.len(), 6);
 }
+
+#[test]
+fn qwen3_turn_without_reasoning_splices_when_thinking_is_on() {
+    // Claude Code sends `thinking: enabled`; a policy turn without a <think> block renders with an
+    // empty think block while it is the last message, and without one in history. The history
+    // form is what was sampled, so the splice holds (and equals the template's own render).
+    let fmt = qwen3();
+    let (first, opts) = (first_request(), RenderOptions::generation(None));
+    let out = "Listing.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call><|im_end|>";
+    let g = generate(&fmt, &first, &opts, out);
+    assert!(g.assistant.reasoning.as_deref().unwrap_or("").is_empty());
+    let new = next_request(&first, g.assistant.clone(), "calc.py");
+    let fp = splice(&fmt, &first, &opts, &g, &new).unwrap();
+    assert_eq!(
+        &fp.prompt_ids[..fp.reused],
+        [g.prompt.as_slice(), g.output.as_slice()].concat().as_slice()
+    );
+    assert_eq!(
+        fp.suffix_text,
+        "\n<|im_start|>user\n<tool_response>\ncalc.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(fp.prompt_ids, fmt.prompt_ids(&new, &opts).unwrap());
+    // The same turn echoed before a new user query: Qwen3 renders it the same way (no reasoning
+    // to drop), so this splices too.
+    let mut asked = first.clone();
+    asked.messages.push(g.assistant.clone());
+    asked.messages.push(Message::tool_result(
+        g.assistant.tool_calls[0].id.clone(),
+        "calc.py",
+    ));
+    asked
+        .messages
+        .push(Message::text(Role::User, "Now run the tests."));
+    assert!(splice(&fmt, &first, &opts, &g, &asked).is_ok());
+    // A turn whose output itself holds the empty block (the model wrote it) must not splice:
+    // history renders that turn without it.
+    let g = generate(&fmt, &first, &opts, &format!("<think>\n\n</think>\n\n{out}"));
+    let new = next_request(&first, g.assistant.clone(), "calc.py");
+    assert!(matches!(
+        splice(&fmt, &first, &opts, &g, &new),
+        Err(SpliceBreak::NotAppendOnly { .. })
+    ));
+}

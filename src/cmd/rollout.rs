@@ -92,8 +92,9 @@ pub struct RolloutArgs {
     /// Default max output tokens per call (requests may override it).
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: u32,
-    /// Sampling seed of every model call (reproducible runs; identical prompts then sample
-    /// identically, so leave it unset for training groups).
+    /// Sampling seed for reproducible runs: each model call samples with this seed mixed with
+    /// its trial id and call index, so a rerun samples the same while the members of a group
+    /// still differ. A seed sent by the harness itself is used as is.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Turn budget (overrides the adapter's max_turns).

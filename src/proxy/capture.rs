@@ -205,6 +205,24 @@ pub(crate) fn prepare_raw(
     prepare_inner(state, trial, api, request, conv, opts, sampling, Some(prompt_ids))
 }
 
+/// The seed of call `index` of trial `trial_id` under the configured seed `seed` (FNV-1a over
+/// the three, then a SplitMix64 finaliser; stable across platforms and releases).
+pub fn call_seed(seed: u64, trial_id: &str, index: u32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = seed
+        .to_le_bytes()
+        .into_iter()
+        .chain(trial_id.bytes())
+        .chain([0])
+        .chain(index.to_le_bytes());
+    for b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn prepare_inner(
     state: &State,
@@ -225,6 +243,14 @@ fn prepare_inner(
         inner.next_index += 1;
         (i, inner.script.pop_front())
     };
+    // A configured seed (`rollout --seed`) is mixed with the trial id and the call index: a run is
+    // reproducible, yet the members of a group and a trial's successive calls sample differently
+    // (one seed for every call would make a group's identical first prompts sample identically).
+    // A seed the request sends itself is used as is.
+    let mut sampling = sampling;
+    if sampling.seed.is_some() && sampling.seed == state.cfg.sampling.seed {
+        sampling.seed = sampling.seed.map(|s| call_seed(s, &trial.id, index));
+    }
     let chat = &state.chat;
     let bad = |e: crate::chat::ChatError| ProxyError::BadRequest(format!("{e:#}"));
 

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use capture::{Captured, Trial};
+pub use capture::{call_seed, Captured, Trial};
 
 use crate::chat::ChatFormat;
 use crate::engine::Backend;

@@ -187,6 +187,10 @@ pub async fn ensure_runtime(
             Some(m) if m.hash == hash => return Ok(volume(true, m)),
             _ => {
                 tracing::warn!("runtime volume {name} is incomplete; rebuilding it");
+                // We hold the build lock, so a build container of this runtime that still
+                // exists belongs to a builder that was killed; it pins the volume (409 on
+                // removal) until it is gone.
+                engine.sweep(Some(&format!("runtime-{hash}"))).await?;
                 remove_volume(&docker, &name).await?;
             }
         }

@@ -6,6 +6,7 @@ mod cli;
 mod common;
 mod docs;
 mod filter_tasks;
+mod harnesses;
 mod io;
 mod model;
 mod pipeline;

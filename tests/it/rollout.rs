@@ -17,9 +17,9 @@ use serde_json::Value;
 
 use crate::common::{docker_available, lego};
 
-const TASK: &str = "inflection__ordinal-teens";
+pub(crate) const TASK: &str = "inflection__ordinal-teens";
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -32,12 +32,12 @@ fn docker(args: &[&str]) -> std::process::Output {
 
 /// The task file (the inflection task only, paths made absolute) and its image manifest, built
 /// once per test binary through the CLI.
-struct Fixture {
-    tasks: PathBuf,
-    images: PathBuf,
+pub(crate) struct Fixture {
+    pub(crate) tasks: PathBuf,
+    pub(crate) images: PathBuf,
 }
 
-fn fixture() -> &'static Fixture {
+pub(crate) fn fixture() -> &'static Fixture {
     static FX: OnceLock<Fixture> = OnceLock::new();
     FX.get_or_init(|| {
         let have_base = docker(&["image", "inspect", "lego-rl/base:trixie"])
@@ -78,7 +78,7 @@ fn tiny_moe() -> PathBuf {
     crate::model::tiny_moe()
 }
 
-fn chat_dir() -> PathBuf {
+pub(crate) fn chat_dir() -> PathBuf {
     root().join("testdata/tokenizer/qwen3")
 }
 
@@ -115,7 +115,7 @@ fn rollout_args(out: &Path, extra: &[&str]) -> Vec<String> {
     a
 }
 
-fn read(out: &Path) -> Vec<Trajectory> {
+pub(crate) fn read(out: &Path) -> Vec<Trajectory> {
     read_all(
         out,
         ReadOptions {
@@ -126,7 +126,7 @@ fn read(out: &Path) -> Vec<Trajectory> {
     .unwrap()
 }
 
-fn leftovers(run_id: &str) -> String {
+pub(crate) fn leftovers(run_id: &str) -> String {
     let o = docker(&["ps", "-aq", "--filter", &format!("label=lego-rl.run-id={run_id}")]);
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
@@ -454,4 +454,111 @@ fn sigint_mid_trial_removes_the_runs_sandboxes() {
     );
     let written = if out.exists() { read(&out).len() } else { 0 };
     assert_eq!(written, 0, "no partial group is written");
+}
+
+/// `--follow`: before each group rollout switches to the newest complete checkpoint under the
+/// root and tags trajectories with its policy version; a `step-*` directory without `lego-rl.json`
+/// (still being written) is ignored until it is complete.
+#[test]
+fn follow_switches_to_the_newest_checkpoint_between_groups() {
+    if !docker_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("traj.jsonl.zst");
+    let ckpts = tmp.path().join("checkpoints");
+    // Checkpoints share the tiny model's files; only their policy versions differ.
+    let make = |version: u64, complete: bool| {
+        let dir = ckpts.join(format!("step-{version:06}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(tiny_moe()).unwrap() {
+            let entry = entry.unwrap();
+            let dst = dir.join(entry.file_name());
+            if entry.file_name() != "lego-rl.json" && !dst.exists() {
+                std::os::unix::fs::symlink(entry.path(), dst).unwrap();
+            }
+        }
+        if complete {
+            let info = lego_rl::train::CheckpointInfo {
+                policy_version: version,
+                optimizer_steps: version,
+                ..Default::default()
+            };
+            std::fs::write(dir.join("lego-rl.json"), serde_json::to_string(&info).unwrap()).unwrap();
+        }
+        dir
+    };
+    let base = make(0, true);
+    make(1, true);
+    let pending = make(2, false);
+    let mut args = rollout_args(
+        &out,
+        &[
+            "--group-size",
+            "2",
+            "--epochs",
+            "3",
+            "-j",
+            "1",
+            "--max-staleness",
+            "5",
+        ],
+    );
+    let b = args.iter().position(|a| a == "--backend").unwrap();
+    args[b + 1] = format!("embedded:{}", base.display());
+    args.extend(["--follow".to_string(), ckpts.display().to_string()]);
+    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
+    let mut child = Command::new(&bin)
+        .args(&args)
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once group 0 is committed, step 2 completes; group 2 starts at least a group later.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !(out.exists() && read_all::<Trajectory>(&out, ReadOptions::default()).is_ok_and(|t| t.len() >= 2))
+    {
+        assert!(Instant::now() < deadline, "group 0 never completed");
+        assert!(child.try_wait().unwrap().is_none(), "rollout ended early");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let info = lego_rl::train::CheckpointInfo {
+        policy_version: 2,
+        optimizer_steps: 2,
+        ..Default::default()
+    };
+    std::fs::write(
+        pending.join("lego-rl.json"),
+        serde_json::to_string(&info).unwrap(),
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "rollout --follow: {stderr}");
+    let trajs = read(&out);
+    assert_eq!(trajs.len(), 6, "3 groups of 2");
+    let version = |g: u64| -> Vec<u64> {
+        trajs
+            .iter()
+            .filter(|t| t.group_id == g)
+            .map(|t| t.policy_version)
+            .collect()
+    };
+    assert_eq!(
+        version(0),
+        [1, 1],
+        "the newer complete checkpoint was loaded before group 0"
+    );
+    assert_eq!(version(2), [2, 2], "step 2 was loaded once complete");
+    let v1 = version(1);
+    assert!(
+        v1 == [1, 1] || v1 == [2, 2],
+        "a group is sampled by one policy: {v1:?}"
+    );
+    assert!(
+        trajs.iter().all(|t| !t.infra_failure && t.reward.is_some()),
+        "{trajs:#?}"
+    );
+    assert!(stderr.contains("reloads"), "{stderr}");
 }
