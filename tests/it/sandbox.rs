@@ -845,3 +845,108 @@ fn container_killed_mid_agent_is_one_infra_result() {
     assert_eq!(r.stages["cleanup"].outcome, "ok");
     rt.block_on(assert_no_leftovers(&engine, &run));
 }
+
+#[test]
+fn blocked_egress_is_audited() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = task("harbor__hello-world");
+    images();
+    let run = run_id("egress");
+    // The relay needs a socket to forward to; nothing here talks to the proxy.
+    let sock_dir = tempfile::tempdir().expect("socket dir");
+    let sock = sock_dir.path().join("proxy.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    // Only names under the reserved `.example` TLD, TEST-NET-3 / documentation addresses, and an
+    // unused address of the trial's own subnet: none of these can lead anywhere even with a route.
+    let probe = r#"
+echo "RESOLV=$(grep -c '^nameserver 127.0.0.1$' /etc/resolv.conf)"
+getent hosts lego-rl-egress-probe.example >/dev/null && echo DNS=resolved || echo DNS=failed
+python3 - <<'PY'
+import socket, urllib.request
+# The container's own address comes from /etc/hosts (no DNS involved); .250 of its subnet is nobody.
+own = socket.gethostbyname(socket.gethostname())
+for addr in [("203.0.113.1", 80), ("2001:db8::1", 443), (own.rsplit(".", 1)[0] + ".250", 8080)]:
+    try:
+        socket.create_connection(addr, timeout=5)
+        print("NET=open %s" % (addr,))
+    except OSError as e:
+        print("NET=blocked %s %s" % (addr, e.errno))
+try:
+    urllib.request.urlopen("http://lego-rl-egress-http.example/", timeout=5)
+    print("HTTP=open")
+except Exception as e:
+    print("HTTP=blocked %r" % e)
+PY
+"#;
+    let trial_with_relay = |name: &str, script: &str| {
+        rt.block_on(
+            Trial::new(
+                engine.clone(),
+                task.clone(),
+                task_root(),
+                images()[&task.id].image.clone(),
+                &run,
+                name,
+                TrialLimits::for_task(&task),
+                Vec::new(),
+                Vec::new(),
+            )
+            .with_proxy_socket(sock.clone())
+            .run(script),
+        )
+    };
+    let r = trial_with_relay("egress", probe);
+    let log = r.agent_log.clone().unwrap_or_default();
+    assert_eq!(r.termination, Termination::Finished, "{log}");
+    assert!(
+        log.contains("RESOLV=1"),
+        "the relay's DNS stub is not the resolver: {log}"
+    );
+    assert!(log.contains("DNS=failed"), "{log}");
+    let net: Vec<&str> = log.lines().filter(|l| l.starts_with("NET=")).collect();
+    assert_eq!(net.len(), 3, "{log}");
+    assert!(net.iter().all(|l| l.starts_with("NET=blocked")), "{net:?}");
+    assert!(log.contains("HTTP=blocked"), "{log}");
+    let egress: Vec<&str> = r
+        .audit
+        .iter()
+        .filter(|a| a.kind == "blocked_egress")
+        .map(|a| a.detail.as_str())
+        .collect();
+    for name in ["lego-rl-egress-probe.example", "lego-rl-egress-http.example"] {
+        assert!(
+            egress.iter().any(|d| d.starts_with(&format!("dns {name} ("))),
+            "{name} not audited: {egress:?}"
+        );
+    }
+    assert!(
+        egress
+            .iter()
+            .any(|d| d.starts_with("tcp connect to 203.0.113.1 port 80 (")),
+        "the connect to 203.0.113.1 is not audited: {egress:?}"
+    );
+    // Docker's internal networks route outside addresses to a gateway address nobody holds; an
+    // engine without that route fails them with ENETUNREACH. Either way the kernel saw it.
+    assert!(
+        egress
+            .iter()
+            .any(|d| d.contains("gateway address") || (d.contains("had no route") && !d.contains("IPv4 0,"))),
+        "{egress:?}"
+    );
+    assert!(
+        egress
+            .iter()
+            .any(|d| d.ends_with(".250 on the trial network: no such host (ARP unanswered)")),
+        "the on-subnet attempt is not audited: {egress:?}"
+    );
+    // Nothing is reported for a trial that does not try to leave.
+    let quiet = trial_with_relay("quiet", "echo hello > /tmp/x");
+    assert_eq!(quiet.termination, Termination::Finished);
+    assert!(
+        !quiet.audit.iter().any(|a| a.kind == "blocked_egress"),
+        "{:?}",
+        quiet.audit
+    );
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
