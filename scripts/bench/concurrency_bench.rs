@@ -1,5 +1,5 @@
 //! Driver for scripts/bench/concurrency.sh: how many trials this machine runs at once without
-//! infrastructure failures. For each concurrency level J it runs `max(MIN_TRIALS, 2J)` trials of one
+//! infrastructure failures. For each concurrency level J it runs `max(MIN_TRIALS, J)` trials of one
 //! task with a trivial agent command (`true`), J at a time, through the whole lifecycle a rollout
 //! uses (setup with the proxy relay, agent, extract, evaluate, cleanup), and prints one line of
 //! `key=value` pairs per level. Levels stop early once BUDGET_S seconds have passed.
@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
             println!("skipped_level={jobs} reason=budget");
             continue;
         }
-        let n = min_trials.max(2 * jobs);
+        let n = min_trials.max(jobs);
         let t0 = Instant::now();
         let results: Vec<_> = futures::stream::iter(0..n)
             .map(|i| {
