@@ -38,6 +38,17 @@ impl ExecOutput {
     }
 }
 
+/// A container's state as the engine reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerState {
+    pub running: bool,
+    /// The engine's `State.OOMKilled`. Docker sets it when the container stops after the kernel's
+    /// OOM killer acted in its memory cgroup (any process, not only the main one); while the
+    /// container runs it may still read false, so the trial also reads the cgroup's own counter.
+    pub oom_killed: bool,
+    pub exit_code: Option<i64>,
+}
+
 /// What a new container looks like.
 #[derive(Debug, Clone, Default)]
 pub struct ContainerSpec {
@@ -262,17 +273,27 @@ impl Engine {
         }
     }
 
-    /// True when the container's main process was killed by the kernel's OOM killer.
-    pub async fn oom_killed(&self, id: &str) -> Result<bool, SandboxError> {
-        let info = self
+    /// The container's state, or `None` when it no longer exists.
+    pub async fn container_state(&self, id: &str) -> Result<Option<ContainerState>, SandboxError> {
+        match self
             .docker
             .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
             .await
-            .map_err(|source| SandboxError::InspectContainer {
+        {
+            Ok(info) => {
+                let st = info.state.unwrap_or_default();
+                Ok(Some(ContainerState {
+                    running: st.running.unwrap_or(false),
+                    oom_killed: st.oom_killed.unwrap_or(false),
+                    exit_code: st.exit_code,
+                }))
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(source) => Err(SandboxError::InspectContainer {
                 container: id.to_string(),
                 source,
-            })?;
-        Ok(info.state.and_then(|s| s.oom_killed).unwrap_or(false))
+            }),
+        }
     }
 
     /// Runs `bash -c script` as `user`, killed (with its process group) after `timeout`.

@@ -16,7 +16,7 @@ pub mod runtime;
 pub mod tar;
 pub mod trial;
 
-pub use client::{ContainerSpec, Engine, ExecOutput};
+pub use client::{ContainerSpec, ContainerState, Engine, ExecOutput};
 pub use images::{build_images, BuildSettings};
 pub use runtime::{ensure_runtime, RuntimeVolume, RUNTIME_DIR};
 pub use trial::{AgentOutcome, Trial, TrialLimits, TrialResult};

@@ -645,30 +645,26 @@ fn stage_failures_are_classified() {
     assert!(r.infra_failure && r.reward.is_none());
 
     // The container removed mid-agent: the trial ends as an infrastructure failure, not a crash.
-    let name = "killed";
-    let killer_run = run.clone();
+    // (Regression: a fixed 4 s delay removed it during a slow setup, giving infra:setup.)
     let r = rt.block_on(async {
         let engine2 = engine.clone();
+        let run2 = run.clone();
         let killer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(4)).await;
-            for id in engine2
-                .containers_with_label("lego-rl.trial", name)
-                .await
-                .expect("list")
-            {
-                engine2.remove_container(&id).await.expect("rm");
+            let id = agent_started(&engine2, &run2).await;
+            if let Some(id) = &id {
+                engine2.remove_container(id).await.expect("rm");
             }
-            let _ = killer_run;
+            id.is_some()
         });
         let mut l = limits.clone();
-        l.agent = Duration::from_secs(60);
-        let r = trial(&engine, &task, &run, name, l, Vec::new(), "sleep 50").await;
-        killer.await.expect("killer");
+        l.agent = Duration::from_secs(120);
+        let r = trial(&engine, &task, &run, "killed", l, Vec::new(), AGENT_STARTS).await;
+        assert!(killer.await.expect("killer"), "the agent never started");
         r
     });
     assert!(r.infra_failure, "{:?}", r.termination);
     assert!(
-        matches!(r.termination, Termination::Infra(ref s) if s == "agent" || s == "extract"),
+        matches!(r.termination, Termination::Infra(ref s) if s == "agent"),
         "{:?}",
         r.termination
     );
@@ -711,4 +707,246 @@ fn sweep_removes_labelled_leftovers() {
         assert_eq!(engine.sweep(Some(&run)).await.expect("sweep"), 2);
         assert_no_leftovers(&engine, &run).await;
     });
+}
+
+fn task(id: &str) -> Task {
+    tasks().into_iter().find(|t| t.id == id).expect("task")
+}
+
+#[test]
+fn memory_over_the_limit_is_killed_and_classified() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = task("harbor__hello-world");
+    images();
+    let run = run_id("oom");
+    let mut limits = TrialLimits::for_task(&task);
+    limits.memory_bytes = 256 << 20;
+    let hog = "python3 -c \"b = b'x' * (600 << 20); print('MEM=survived')\"";
+    let cases = [
+        // The agent itself runs out of memory: its own fault.
+        ("oom-crash", hog.to_string()),
+        // A command the agent ran was OOM-killed; the agent carried on and exited 0.
+        ("oom-survived", format!("{hog}; echo \"HOG=$?\"; exit 0")),
+        // Exit 137 without an OOM kill is a plain crash, not an OOM.
+        ("kill9", "kill -9 $$".to_string()),
+    ];
+    for (name, script) in cases {
+        let r = rt.block_on(trial(
+            &engine,
+            &task,
+            &run,
+            name,
+            limits.clone(),
+            Vec::new(),
+            &script,
+        ));
+        let log = r.agent_log.clone().unwrap_or_default();
+        let ooms: Vec<_> = r.audit.iter().filter(|a| a.kind == "oom_kill").collect();
+        assert!(!r.infra_failure, "{name}: {:?} {log}", r.termination);
+        assert!(
+            !log.lines().any(|l| l.starts_with("MEM=survived")),
+            "{name}: {log}"
+        );
+        match name {
+            "oom-crash" => {
+                assert_eq!(r.termination, Termination::AgentCrash, "{name}: {log}");
+                assert_eq!(r.stages["agent"].outcome, "exit Some(137)");
+                assert_eq!(ooms.len(), 1, "{name}: {:?}", r.audit);
+                assert!(ooms[0].detail.contains("256 MiB"), "{:?}", ooms[0]);
+                // Still graded (on an empty diff), like any agent outcome.
+                assert!(r.reward.is_some() && r.grader.is_some());
+            }
+            "oom-survived" => {
+                assert_eq!(r.termination, Termination::Finished, "{name}: {log}");
+                assert!(log.contains("HOG=137"), "{log}");
+                assert_eq!(ooms.len(), 1, "{name}: {:?}", r.audit);
+            }
+            _ => {
+                assert_eq!(r.termination, Termination::AgentCrash, "{name}: {log}");
+                assert_eq!(r.stages["agent"].outcome, "exit Some(137)");
+                assert!(ooms.is_empty(), "{name}: {:?}", r.audit);
+            }
+        }
+    }
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+/// An agent that marks its start and then waits (for tests that kill its container).
+const AGENT_STARTS: &str = "touch /tmp/agent-started; sleep 100";
+
+/// The id of `run`'s container once its agent ([`AGENT_STARTS`]) is running; `None` after ~60 s.
+async fn agent_started(engine: &Engine, run: &str) -> Option<String> {
+    for _ in 0..300 {
+        for id in engine.containers_with_label(LABEL_RUN, run).await.expect("list") {
+            let started = engine
+                .exec(
+                    &id,
+                    "root",
+                    "/",
+                    &[],
+                    "test -e /tmp/agent-started",
+                    Duration::from_secs(5),
+                )
+                .await
+                .is_ok_and(|o| o.ok());
+            if started {
+                return Some(id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+#[test]
+fn container_killed_mid_agent_is_one_infra_result() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = task("harbor__hello-world");
+    images();
+    let run = run_id("killed");
+    let mut limits = TrialLimits::for_task(&task);
+    limits.agent = Duration::from_secs(120);
+    let r = rt.block_on(async {
+        let engine2 = engine.clone();
+        let run2 = run.clone();
+        // `docker kill` once the agent has started: the container stops but still exists.
+        let killer = tokio::spawn(async move {
+            let id = agent_started(&engine2, &run2).await;
+            if let Some(id) = &id {
+                let out = Command::new("docker")
+                    .args(["kill", id])
+                    .output()
+                    .expect("docker kill");
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            }
+            id.is_some()
+        });
+        let r = trial(&engine, &task, &run, "sigkill", limits, Vec::new(), AGENT_STARTS).await;
+        assert!(killer.await.expect("killer"), "the agent never started");
+        r
+    });
+    assert_eq!(
+        r.termination,
+        Termination::Infra("agent".into()),
+        "{:?}",
+        r.agent_log
+    );
+    assert!(r.infra_failure && r.reward.is_none() && r.grader.is_none());
+    assert!(
+        r.agent_log
+            .as_deref()
+            .is_some_and(|l| l.contains("container stopped during the agent stage")),
+        "{:?}",
+        r.agent_log
+    );
+    assert!(!r.audit.iter().any(|a| a.kind == "oom_kill"), "{:?}", r.audit);
+    assert_eq!(r.stages["cleanup"].outcome, "ok");
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+#[test]
+fn blocked_egress_is_audited() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let task = task("harbor__hello-world");
+    images();
+    let run = run_id("egress");
+    // The relay needs a socket to forward to; nothing here talks to the proxy.
+    let sock_dir = tempfile::tempdir().expect("socket dir");
+    let sock = sock_dir.path().join("proxy.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    // Only names under the reserved `.example` TLD, TEST-NET-3 / documentation addresses, and an
+    // unused address of the trial's own subnet: none of these can lead anywhere even with a route.
+    let probe = r#"
+echo "RESOLV=$(grep -c '^nameserver 127.0.0.1$' /etc/resolv.conf)"
+getent hosts lego-rl-egress-probe.example >/dev/null && echo DNS=resolved || echo DNS=failed
+python3 - <<'PY'
+import socket, urllib.request
+# The container's own address comes from /etc/hosts (no DNS involved); .250 of its subnet is nobody.
+own = socket.gethostbyname(socket.gethostname())
+for addr in [("203.0.113.1", 80), ("2001:db8::1", 443), (own.rsplit(".", 1)[0] + ".250", 8080)]:
+    try:
+        socket.create_connection(addr, timeout=5)
+        print("NET=open %s" % (addr,))
+    except OSError as e:
+        print("NET=blocked %s %s" % (addr, e.errno))
+try:
+    urllib.request.urlopen("http://lego-rl-egress-http.example/", timeout=5)
+    print("HTTP=open")
+except Exception as e:
+    print("HTTP=blocked %r" % e)
+PY
+"#;
+    let trial_with_relay = |name: &str, script: &str| {
+        rt.block_on(
+            Trial::new(
+                engine.clone(),
+                task.clone(),
+                task_root(),
+                images()[&task.id].image.clone(),
+                &run,
+                name,
+                TrialLimits::for_task(&task),
+                Vec::new(),
+                Vec::new(),
+            )
+            .with_proxy_socket(sock.clone())
+            .run(script),
+        )
+    };
+    let r = trial_with_relay("egress", probe);
+    let log = r.agent_log.clone().unwrap_or_default();
+    assert_eq!(r.termination, Termination::Finished, "{log}");
+    assert!(
+        log.contains("RESOLV=1"),
+        "the relay's DNS stub is not the resolver: {log}"
+    );
+    assert!(log.contains("DNS=failed"), "{log}");
+    let net: Vec<&str> = log.lines().filter(|l| l.starts_with("NET=")).collect();
+    assert_eq!(net.len(), 3, "{log}");
+    assert!(net.iter().all(|l| l.starts_with("NET=blocked")), "{net:?}");
+    assert!(log.contains("HTTP=blocked"), "{log}");
+    let egress: Vec<&str> = r
+        .audit
+        .iter()
+        .filter(|a| a.kind == "blocked_egress")
+        .map(|a| a.detail.as_str())
+        .collect();
+    for name in ["lego-rl-egress-probe.example", "lego-rl-egress-http.example"] {
+        assert!(
+            egress.iter().any(|d| d.starts_with(&format!("dns {name} ("))),
+            "{name} not audited: {egress:?}"
+        );
+    }
+    assert!(
+        egress
+            .iter()
+            .any(|d| d.starts_with("tcp connect to 203.0.113.1 port 80 (")),
+        "the connect to 203.0.113.1 is not audited: {egress:?}"
+    );
+    // Docker's internal networks route outside addresses to a gateway address nobody holds; an
+    // engine without that route fails them with ENETUNREACH. Either way the kernel saw it.
+    assert!(
+        egress
+            .iter()
+            .any(|d| d.contains("gateway address") || (d.contains("had no route") && !d.contains("IPv4 0,"))),
+        "{egress:?}"
+    );
+    assert!(
+        egress
+            .iter()
+            .any(|d| d.ends_with(".250 on the trial network: no such host (ARP unanswered)")),
+        "the on-subnet attempt is not audited: {egress:?}"
+    );
+    // Nothing is reported for a trial that does not try to leave.
+    let quiet = trial_with_relay("quiet", "echo hello > /tmp/x");
+    assert_eq!(quiet.termination, Termination::Finished);
+    assert!(
+        !quiet.audit.iter().any(|a| a.kind == "blocked_egress"),
+        "{:?}",
+        quiet.audit
+    );
+    rt.block_on(assert_no_leftovers(&engine, &run));
 }

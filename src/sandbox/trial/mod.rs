@@ -20,12 +20,24 @@
 //!
 //! Failure classes: engine or setup problems are `infra:<stage>` (weight 0 in training); the agent's
 //! own outcomes are `finished`, `agent_timeout`, `agent_crash`.
+//!
+//! Memory: the limit covers the whole container. An OOM kill in the agent stage is the agent's doing
+//! (only its processes and the small relay run then, and the agent's processes volunteer as the
+//! first victims): `agent_crash` when the agent exits non-zero (137), `finished` when the harness
+//! survived the loss of a child, either way with an `oom_kill` audit event; if it took the container
+//! down, `agent_crash` with reward 0 (nothing left to grade). A container that stops or vanishes in
+//! the agent stage *without* an OOM kill was killed by someone else (operator, engine): `infra:agent`.
+//! Running out of memory in a stage lego-rl runs (setup, extract) fails that stage: `infra:<stage>`.
+//! The [`observe`] module reads the counters behind this, and the egress audit.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod evaluate;
+mod observe;
+
+pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};
 
 use super::images::{slug, DEFAULT_WORKDIR};
 use super::relay;
@@ -146,6 +158,8 @@ pub struct Trial {
     network: Option<String>,
     eval_container: Option<String>,
     base_hash: Option<String>,
+    /// Kernel counters and relay log after setup (see [`observe`]).
+    baseline: Option<Counters>,
     /// Host path of the proxy's unix socket (see [`super::relay`]); `None`: no way out at all.
     proxy_socket: Option<PathBuf>,
     /// Files written into the container after setup, owned by the agent user.
@@ -191,6 +205,7 @@ impl Trial {
             network: None,
             eval_container: None,
             base_hash: None,
+            baseline: None,
             proxy_socket: None,
             files: Vec::new(),
             stages: BTreeMap::new(),
@@ -381,6 +396,7 @@ impl Trial {
                 });
             }
         }
+        self.baseline = self.probe().await;
         Ok(())
     }
 
@@ -402,7 +418,11 @@ impl Trial {
     /// Runs the agent's command as the agent user under the agent time limit (stage `agent`).
     pub async fn run_agent(&mut self, script: &str) -> Result<(AgentOutcome, ExecOutput), SandboxError> {
         let start = now();
-        let r = self.exec(AGENT_USER, script, self.limits.agent).await;
+        // The agent's processes volunteer as the OOM killer's first victims (children inherit the
+        // score; an unprivileged process may raise it, and lower it only back to 0), so memory
+        // pressure of the agent's making kills the agent's processes, not the relay.
+        let script = format!("echo 500 > /proc/self/oom_score_adj 2>/dev/null\n{script}");
+        let r = self.exec(AGENT_USER, &script, self.limits.agent).await;
         let outcome = match &r {
             Err(_) => "error".to_string(),
             Ok(o) if o.timed_out => "timeout".into(),
@@ -530,6 +550,33 @@ impl Trial {
                 }
                 Ok((outcome, out)) => {
                     result.agent_log = Some(tail(&format!("{}{}", out.stdout, out.stderr), 8000));
+                    match self.observe_agent().await {
+                        observe::Aftermath::Alive => {}
+                        // The agent's memory use took the container down (the OOM killer reached
+                        // the relay): its own doing, so an agent crash, graded 0 (nothing is left
+                        // to extract a diff from).
+                        observe::Aftermath::Dead { oom: true, detail } => {
+                            result.termination = Termination::AgentCrash;
+                            result.reward = Some(0.0);
+                            result
+                                .agent_log
+                                .get_or_insert_with(String::new)
+                                .push_str(&format!("\nagent: {detail}"));
+                            break 'stages;
+                        }
+                        // Killed or removed by someone else (the engine, an operator): ours.
+                        observe::Aftermath::Dead { oom: false, detail } => {
+                            infra(
+                                "agent",
+                                SandboxError::Stage {
+                                    stage: "agent",
+                                    message: detail,
+                                },
+                                &mut result,
+                            );
+                            break 'stages;
+                        }
+                    }
                     result.termination = match outcome {
                         AgentOutcome::Finished => Termination::Finished,
                         AgentOutcome::Timeout => Termination::AgentTimeout,
