@@ -29,6 +29,8 @@
 #   LEGO_RL_EVAL_SAMPLES samples per held-out task at each evaluation [2]
 #   LEGO_RL_EVAL_TEMP    held-out sampling temperature [0.7]
 #   LEGO_RL_JOBS         simultaneous trials [4]
+#   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
+#   LEGO_RL_BIN          the lego-rl binary [target/release/lego-rl]
 # Rollout sampling itself is not seeded: members of a group must sample differently.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
