@@ -56,9 +56,9 @@ name() { printf 'step-%06d' "$1"; }
 [ -n "${LEGO_RL_SKIP_SETUP:-}" ] || "$root/scripts/setup.sh"
 mkdir -p "$run"/{logs,warmstart,checkpoints,trajectories,samples,align-stats,eval}
 start=$(date +%s)
-# Everything a rollout shares. mini-swe-agent checks its step limit before executing a step's
-# command, so the single command needs a limit of 2; a command that does not submit costs a second
-# generation, which is never executed.
+# Everything a rollout shares. A first command that does not submit gets a second generation
+# (mini-swe-agent checks its step limit before each query); --max-turns 1 would end the trial there
+# instead (not measured).
 common=(--images "$run/images.jsonl.zst" --harness "$harness" --max-turns 2 --max-tokens 96 -j "$jobs")
 # One intra-op thread: the tiny model gains nothing from more, and on a shared, oversubscribed CPU
 # spinning OpenMP workers slow every forward down.
