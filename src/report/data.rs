@@ -72,6 +72,10 @@ pub struct StepRow {
     pub success_after_failure: Option<f64>,
     pub audit: BTreeMap<String, u64>,
     pub terminations: BTreeMap<String, u64>,
+    /// Held-out trajectories of this step's checkpoint (the run's `eval/` files).
+    pub eval_trajectories: u64,
+    /// Their mean reward over graded, non-infra trajectories.
+    pub eval_reward_mean: Option<f64>,
     /// The StepMetrics of this step, if train-step wrote one.
     pub metrics: Option<StepMetrics>,
     /// The latest validation report of this step.
@@ -311,6 +315,7 @@ pub fn build(
             }
         }
     })?;
+    let eval = eval_rewards(files, opts)?;
     for ((step, _, _), rewards) in &groups {
         if let (Some((_, row)), false) = (steps.get_mut(step), rewards.is_empty()) {
             row.groups += 1;
@@ -352,6 +357,22 @@ pub fn build(
                 .validation = Some(v.clone());
         }
     }
+    for (step, (n, graded, sum)) in eval {
+        let row = &mut steps
+            .entry(step)
+            .or_insert_with(|| {
+                (
+                    Acc::default(),
+                    StepRow {
+                        step,
+                        ..Default::default()
+                    },
+                )
+            })
+            .1;
+        row.eval_trajectories = n;
+        row.eval_reward_mean = (graded > 0).then(|| sum / graded as f64);
+    }
     data.steps = steps
         .into_values()
         .map(|(a, mut row)| {
@@ -373,6 +394,24 @@ pub fn build(
     data.terminations = terms.into_iter().map(|(k, a)| a.group(k)).collect();
     attach_token_diffs(files, opts, &mut data.details)?;
     Ok(data)
+}
+
+/// Per step of the run's `eval/` files: (trajectories, graded non-infra ones, their reward sum).
+fn eval_rewards(files: &RunFiles, opts: ReadOptions) -> Result<BTreeMap<u64, (u64, u64, f64)>, RunError> {
+    let mut out: BTreeMap<u64, (u64, u64, f64)> = BTreeMap::new();
+    let only_eval = RunFiles {
+        trajectories: files.eval.clone(),
+        ..Default::default()
+    };
+    for_each_trajectory(&only_eval, opts, |step, _, t| {
+        let e = out.entry(step).or_default();
+        e.0 += 1;
+        if let (false, Some(r)) = (t.infra_failure || t.termination.is_infra(), t.reward) {
+            e.1 += 1;
+            e.2 += r;
+        }
+    })?;
+    Ok(out)
 }
 
 /// Finds one trajectory's detail by id (live mode), with its log-prob differences.

@@ -47,6 +47,8 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
         "validation_passed",
         "validation_gates_failed",
         "eval_pass_at_1",
+        "eval_trajectories",
+        "eval_reward_mean",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -80,6 +82,8 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
             v.map(|v| v.gates.iter().filter(|g| !g.passed).count().to_string())
                 .unwrap_or_default(),
             num(eval_p1),
+            r.eval_trajectories.to_string(),
+            num(r.eval_reward_mean),
         ];
         let m = metric_map(&r.metrics);
         for c in &metric_cols {

@@ -38,6 +38,9 @@ pub struct RunFiles {
     pub align_stats: Vec<(Option<u64>, PathBuf)>,
     pub metrics: Vec<PathBuf>,
     pub validation: Vec<PathBuf>,
+    /// Held-out evaluation trajectories (`eval/step-NNNNNN.jsonl.zst`, step = the evaluated
+    /// checkpoint's policy version). Reported beside the training rewards; no gate reads them.
+    pub eval: Vec<(Option<u64>, PathBuf)>,
 }
 
 /// `step-000012.jsonl.zst` → 12: the digits after the last `step-` (or `step_`) in the name.
@@ -92,6 +95,7 @@ impl RunFiles {
             align_stats: list(&root.join("align-stats"))?,
             metrics: one_of(root, "metrics"),
             validation: one_of(root, "validation"),
+            eval: list(&root.join("eval"))?,
         };
         if !allow_empty && files.is_empty() {
             return Err(RunError::NotARun {
@@ -133,6 +137,7 @@ impl RunFiles {
             && self.align_stats.is_empty()
             && self.metrics.is_empty()
             && self.validation.is_empty()
+            && self.eval.is_empty()
     }
 
     /// Where validate appends its report by default.

@@ -101,6 +101,14 @@ fn static_report_writes_csv_and_a_page_that_renders() {
         Some(1),
         "the audit gates fail on this run: {out:?}"
     );
+    // Held-out trajectories of checkpoint 3 (a copy of step 1's batch): their own row and series,
+    // never mixed into the training aggregates.
+    std::fs::create_dir_all(run.join("eval")).unwrap();
+    std::fs::copy(
+        run.join("trajectories/step-000001.jsonl.zst"),
+        run.join("eval/step-000003.jsonl.zst"),
+    )
+    .unwrap();
     let out_dir = dir.path().join("out");
     let out = lego()
         .args(["report", "--max-trajectories", "12", "-o"])
@@ -114,7 +122,7 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     let mut rdr = csv::Reader::from_reader(steps.as_bytes());
     let header: Vec<String> = rdr.headers().unwrap().iter().map(str::to_string).collect();
     let rows: Vec<csv::StringRecord> = rdr.records().map(Result::unwrap).collect();
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4);
     let col = |name: &str| {
         header
             .iter()
@@ -125,6 +133,11 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     assert_eq!(&rows[0][col("trajectories")], "16");
     assert_eq!(&rows[0][col("audit_git_history")], "4");
     assert_eq!(&rows[2][col("validation_passed")], "false");
+    assert_eq!(&rows[3][col("trajectories")], "0");
+    assert_eq!(&rows[3][col("eval_trajectories")], &rows[1][col("trajectories")]);
+    assert_eq!(&rows[3][col("eval_reward_mean")], &rows[1][col("reward_mean")]);
+    assert_eq!(&rows[1][col("eval_trajectories")], "0");
+    assert_eq!(&rows[1][col("eval_reward_mean")], "");
     // Every trajectory edits; half (Claude Code) never re-read, and the OpenHands ones re-read
     // unless (task + sample + step) % 3 == 0.
     let reread: f64 = rows[0][col("reread_after_edit")].parse().unwrap();
@@ -186,6 +199,10 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     assert!(
         dom.contains("data-series=\"held-out pass@1\""),
         "validation score plotted"
+    );
+    assert!(
+        dom.contains("class=\"pt\" data-series=\"held-out reward (eval/)\" data-x=\"3\""),
+        "eval/ rewards plotted at the evaluated checkpoint's step"
     );
     assert!(
         attr_number(&dom, "bar-termination") == 2 && attr_number(&dom, "bar-tools") == 5,

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Proof that it learns (examples/learn/README.md): a random tiny Qwen3 (real vocabulary and chat
+# template) learns the "echo-word" task family through the real pipeline — mini-swe-agent in Docker,
+# the capturing proxy, Harbor verifiers, align, train-step — on CPU:
+#
+#   make_tasks.py → filter-tasks → build-images
+#   warm start: rollout --forced (correct single tool call on one training task per word) → align →
+#               train-step --loss sft until the loss is low
+#   GSPO: [eval held-out → rollout (train tasks, T=1.0) → align → train-step --loss gspo] × STEPS → eval
+#   validate → report → table (step, train reward, held-out reward, Δ vs warm start)
+#
+# Checkpoint versions count every train-step, SFT ones included, so the GSPO part starts at the
+# version of the warm start (the number of SFT steps) and every file of the run directory is named by the policy version that
+# produced it: checkpoints/step-V/, trajectories/step-V (the batch version V sampled),
+# samples/ align-stats/ likewise, eval/step-V (held-out trajectories of version V). The warm start's
+# own files are under warmstart/. `report` plots train and held-out reward against V.
+#
+# Environment (defaults in brackets):
+#   LEGO_RL_RUN          run directory [runs/learn]; rerunning resumes (finished files are kept)
+#   LEGO_RL_SEED         model init seed, task order, train-step seed [1]
+#   LEGO_RL_STEPS        GSPO steps [8]
+#   LEGO_RL_SFT_STEPS    at most this many SFT train-steps on the demonstrations, each one optimizer
+#                        update per demonstration [8]
+#   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.2]
+#   LEGO_RL_SFT_LR       [1e-2]        LEGO_RL_LR  GSPO learning rate [3e-3]
+#   LEGO_RL_GROUP        trials per task in a GSPO batch [4]
+#   LEGO_RL_TASKS        tasks (groups) per GSPO batch [2]
+#   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [4]
+#   LEGO_RL_EVAL_SAMPLES samples per held-out task at each evaluation [2]
+#   LEGO_RL_EVAL_TEMP    held-out sampling temperature [0.7]
+#   LEGO_RL_JOBS         simultaneous trials [4]
+#   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
+#   LEGO_RL_BIN          the lego-rl binary [target/release/lego-rl]
+# Rollout sampling itself is not seeded: members of a group must sample differently.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+here="$root/examples/learn"
+lego=${LEGO_RL_BIN:-$root/target/release/lego-rl}
+py="$root/.venv/bin/python"
+run=${LEGO_RL_RUN:-$root/runs/learn}
+seed=${LEGO_RL_SEED:-1}
+steps=${LEGO_RL_STEPS:-8}
+sft_steps=${LEGO_RL_SFT_STEPS:-8}
+sft_loss=${LEGO_RL_SFT_LOSS:-0.2}
+sft_lr=${LEGO_RL_SFT_LR:-1e-2}
+lr=${LEGO_RL_LR:-3e-3}
+group=${LEGO_RL_GROUP:-4}
+per_step=${LEGO_RL_TASKS:-2}
+eval_every=${LEGO_RL_EVAL_EVERY:-4}
+eval_samples=${LEGO_RL_EVAL_SAMPLES:-2}
+eval_temp=${LEGO_RL_EVAL_TEMP:-0.7}
+jobs=${LEGO_RL_JOBS:-4}
+harness="$here/mini-swe-agent-short.toml"
+say() { printf 'learn: %s\n' "$*" >&2; }
+name() { printf 'step-%06d' "$1"; }
+[ -n "${LEGO_RL_SKIP_SETUP:-}" ] || "$root/scripts/setup.sh"
+mkdir -p "$run"/{logs,warmstart,checkpoints,trajectories,samples,align-stats,eval}
+start=$(date +%s)
+# Everything a rollout shares. A first command that does not submit gets a second generation
+# (mini-swe-agent checks its step limit before each query); --max-turns 1 would end the trial there
+# instead (not measured).
+common=(--images "$run/images.jsonl.zst" --harness "$harness" --max-turns 2 --max-tokens 96 -j "$jobs")
+# One intra-op thread: the tiny model gains nothing from more, and on a shared, oversubscribed CPU
+# spinning OpenMP workers slow every forward down.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+say "tasks and model (seed $seed) into $run"
+[ -f "$run/tasks/demos.forced.json" ] || python3 "$here/make_tasks.py" "$run/tasks"
+"$py" "$here/make_model.py" "$run/model" "$seed"
+for split in train heldout; do
+  [ -f "$run/tasks.$split.jsonl.zst" ] || "$lego" -q filter-tasks -i "$run/tasks/$split" \
+    -o "$run/tasks.$split.jsonl.zst" --funnel "$run/logs/funnel.$split.csv" >/dev/null
+done
+if [ ! -f "$run/images.jsonl.zst" ]; then
+  zstd -dcq "$run/tasks.train.jsonl.zst" "$run/tasks.heldout.jsonl.zst" | zstd -qf -o "$run/tasks.all.jsonl.zst"
+  "$lego" -q build-images -i "$run/tasks.all.jsonl.zst" -o "$run/images.jsonl.zst.tmp" -j "$jobs" \
+    --harness "$harness" --log-dir "$run/logs/build"
+  mv "$run/images.jsonl.zst.tmp" "$run/images.jsonl.zst"
+fi
+# Training order: the train tasks shuffled by the seed, batch s takes the next LEGO_RL_TASKS of them.
+if [ ! -f "$run/tasks.order.jsonl.zst" ]; then
+  zstd -dcq "$run/tasks.train.jsonl.zst" | jq -c . | shuf --random-source=<(yes "$seed") \
+    | zstd -qf -o "$run/tasks.order.jsonl.zst"
+fi
+
+ws="$run/warmstart"
+if [ ! -f "$ws/version" ]; then
+  say "warm start: forced demonstrations through the proxy, then SFT (lr $sft_lr) until loss < $sft_loss (at most $sft_steps steps)"
+  ids=$(jq -r '.tasks | keys[]' "$run/tasks/demos.forced.json")
+  zstd -dcq "$run/tasks.train.jsonl.zst" | jq -c --arg ids "$ids" 'select(.id as $i | ($ids | split("\n")) | index($i))' \
+    | zstd -qf -o "$ws/tasks.demos.jsonl.zst"
+  rm -f "$ws/demos.jsonl.zst"
+  "$lego" -q rollout -i "$ws/tasks.demos.jsonl.zst" "${common[@]}" --backend "embedded:$run/model" \
+    --group-size 1 --forced "$run/tasks/demos.forced.json" -o "$ws/demos.jsonl.zst" 2>>"$run/logs/rollout.log"
+  bad=$(zstd -dcq "$ws/demos.jsonl.zst" | jq -s '[.[] | select(.reward != 1)] | length')
+  [ "$bad" -eq 0 ] || { say "error: $bad forced demonstrations did not earn reward 1 (logs/rollout.log)"; exit 1; }
+  "$lego" -q align -i "$ws/demos.jsonl.zst" -o "$ws/samples.aligned.jsonl.zst" --stats "$ws/align-stats.jsonl.zst"
+  # The trainer splits a step into mini-batches of whole groups (group_id), and all demonstrations
+  # share group 0; SFT ignores groups otherwise, so number them to get one optimizer update per
+  # demonstration and step.
+  zstd -dcq "$ws/samples.aligned.jsonl.zst" | jq -c '.group_id = input_line_number' | zstd -qf -o "$ws/samples.jsonl.zst"
+  demos=$(zstd -dcq "$ws/samples.jsonl.zst" | wc -l)
+  rm -rf "$ws/sft" "$ws/metrics.jsonl.zst" && mkdir -p "$ws/sft" && cp -r "$run/model" "$ws/sft/$(name 0)"
+  k=0
+  while [ "$k" -lt "$sft_steps" ]; do
+    "$lego" -q train-step --loss sft --lr "$sft_lr" --updates "$demos" --seed "$seed" --checkpoint "$ws/sft/$(name "$k")" \
+      -i "$ws/samples.jsonl.zst" --out "$ws/sft/$(name $((k + 1)))" --metrics "$ws/metrics.jsonl.zst"
+    k=$((k + 1))
+    loss=$(zstd -dcq "$ws/metrics.jsonl.zst" | tail -n 1 | jq .loss)
+    say "SFT step $k: loss $loss"
+    if jq -en --argjson l "$loss" --argjson t "$sft_loss" '$l < $t' >/dev/null; then break; fi
+  done
+  rm -rf "$run/checkpoints/$(name "$k").tmp"
+  cp -r "$ws/sft/$(name "$k")" "$run/checkpoints/$(name "$k").tmp"
+  mv "$run/checkpoints/$(name "$k").tmp" "$run/checkpoints/$(name "$k")"
+  echo "$k" >"$ws/version"
+fi
+v0=$(cat "$ws/version")
+
+evaluate() {
+  local v=$1 out="$run/eval/$(name "$1").jsonl.zst"
+  [ -f "$out.done" ] && return 0
+  say "eval: held-out tasks × $eval_samples with $(name "$v") (T=$eval_temp)"
+  "$lego" -q rollout -i "$run/tasks.heldout.jsonl.zst" "${common[@]}" --mode eval --temperature "$eval_temp" \
+    --backend "embedded:$run/checkpoints/$(name "$v")" --group-size "$eval_samples" --first-group "$v" \
+    -o "$out" 2>>"$run/logs/rollout.log"
+  touch "$out.done"
+}
+
+for ((s = 0; s < steps; s++)); do
+  v=$((v0 + s)) n=$(name $((v0 + s))) next=$(name $((v0 + s + 1)))
+  if [ $((s % eval_every)) -eq 0 ]; then evaluate "$v"; fi
+  [ -f "$run/checkpoints/$next/config.json" ] && continue
+  traj="$run/trajectories/$n.jsonl.zst"
+  if [ ! -f "$traj.done" ]; then
+    zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
+      for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$run/logs/tasks-$n.jsonl.zst"
+    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0) with $n"
+    # One rollout per task, each with its own group id (v·K + i): the trainer's groups are group
+    # ids, and one rollout call gives every task of an epoch the same one.
+    for ((i = 0; i < per_step; i++)); do
+      zstd -dcq "$run/logs/tasks-$n.jsonl.zst" | sed -n "$((i + 1))p" | zstd -qf -o "$run/logs/tasks-$n-$i.jsonl.zst"
+      "$lego" -q rollout -i "$run/logs/tasks-$n-$i.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" \
+        --group-size "$group" --first-group $((v * per_step + i)) -o "$traj" 2>>"$run/logs/rollout.log"
+    done
+    touch "$traj.done"
+  fi
+  "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"
+  rm -rf "$run/checkpoints/$next"
+  "$lego" -q train-step --loss gspo --lr "$lr" --seed "$seed" --checkpoint "$run/checkpoints/$n" \
+    -i "$run/samples/$n.jsonl.zst" --out "$run/checkpoints/$next" --metrics "$run/metrics.jsonl.zst"
+  # Only the newest checkpoint's optimizer state is needed to go on; keep the weights of all.
+  if [ "$s" -gt 0 ]; then rm -f "$run/checkpoints/$n/optimizer.safetensors"; fi
+done
+evaluate $((v0 + steps))
+
+say "validate (gates of the GSPO steps) and report"
+"$lego" -q validate "$run" >"$run/logs/validate.txt" || say "some validation gates failed (logs/validate.txt)"
+"$lego" -q report "$run" -o "$run/report" >/dev/null
+say "done in $(($(date +%s) - start)) s; report: $run/report/index.html"
+
+# The table: per policy version, train batch reward (T=1.0) and held-out reward, Δ vs the warm start.
+python3 - "$run/report/steps.csv" "$v0" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+v0 = int(sys.argv[2])
+f = lambda x: f"{float(x):.3f}" if x else "-"
+base = next((float(r["eval_reward_mean"]) for r in rows if int(r["step"]) == v0 and r.get("eval_reward_mean")), None)
+print(f"{'version':>7} {'gspo step':>9} {'train reward':>12} {'n':>3} {'held-out reward':>15} {'n':>3} {'vs warm start':>13}")
+for r in rows:
+    v = int(r["step"])
+    if r["trajectories"] == "0" and r.get("eval_trajectories", "0") == "0":
+        continue
+    e = r.get("eval_reward_mean")
+    d = f"{float(e) - base:+.3f}" if e and base is not None else "-"
+    print(f"{v:>7} {v - v0:>9} {f(r['reward_mean']):>12} {r['trajectories']:>3} {f(e):>15} {r.get('eval_trajectories', '-'):>3} {d:>13}")
+EOF
