@@ -32,7 +32,9 @@ pub struct Seq {
 #[derive(Debug, Clone)]
 pub struct Traj {
     pub id: String,
-    pub group: u64,
+    /// The GSPO group: (task_id, group_id). Group ids are per task (one rollout call numbers
+    /// every task's groups of an epoch alike), so the task is part of the key.
+    pub group: (String, u64),
     pub reward: f64,
     pub weight: f64,
     pub policy_version: u64,
@@ -47,7 +49,7 @@ pub struct Traj {
 pub struct Batch {
     pub seqs: Vec<Seq>,
     pub trajs: Vec<Traj>,
-    /// trajectory indices per group, groups in ascending id order.
+    /// trajectory indices per group, groups in ascending (task_id, group_id) order.
     pub groups: Vec<Vec<usize>>,
     pub zero_variance_groups: usize,
 }
@@ -82,7 +84,7 @@ impl Batch {
             let ti = *traj_index.entry(&s.trajectory_id).or_insert_with(|| {
                 batch.trajs.push(Traj {
                     id: s.trajectory_id.clone(),
-                    group: s.group_id,
+                    group: (s.task_id.clone(), s.group_id),
                     reward: s.reward,
                     weight: s.weight,
                     policy_version: s.policy_version,
@@ -93,13 +95,17 @@ impl Batch {
                 batch.trajs.len() - 1
             });
             let t = &mut batch.trajs[ti];
-            if t.group != s.group_id || t.reward != s.reward || t.weight != s.weight {
+            if t.group.0 != s.task_id
+                || t.group.1 != s.group_id
+                || t.reward != s.reward
+                || t.weight != s.weight
+            {
                 return Err(bad(
                     path,
                     r,
                     &s.id,
                     format!(
-                        "segment of trajectory `{}` disagrees with an earlier segment on group_id/reward/weight",
+                        "segment of trajectory `{}` disagrees with an earlier segment on task_id/group_id/reward/weight",
                         s.trajectory_id
                     ),
                 ));
@@ -107,9 +113,9 @@ impl Batch {
             t.tokens += seq.pred_at.len();
             batch.seqs.push(Seq { traj: ti, ..seq });
         }
-        let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
         for (i, t) in batch.trajs.iter().enumerate() {
-            groups.entry(t.group).or_default().push(i);
+            groups.entry((t.group.0.as_str(), t.group.1)).or_default().push(i);
         }
         for members in groups.into_values() {
             let rewards: Vec<f64> = members.iter().map(|&i| batch.trajs[i].reward).collect();
@@ -243,4 +249,52 @@ pub fn micro_batches(seqs: &[Seq], idx: &[usize], budget: usize) -> Vec<Vec<usiz
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{LossMask, Packed};
+
+    fn sample(task: &str, group: u64, index: u32, reward: f64) -> Sample {
+        Sample {
+            schema: Sample::SCHEMA.into(),
+            id: format!("{task}/{group}/{index}#0.0"),
+            trajectory_id: format!("{task}/{group}/{index}"),
+            task_id: task.into(),
+            group_id: group,
+            sample_index: index,
+            thread: 0,
+            segment: 0,
+            token_ids: vec![1, 2, 3, 4],
+            loss_mask: LossMask::from_dense(&[false, false, true, true]),
+            rollout_logprobs: Packed::f32_vec(&[-1.0, -1.0]),
+            routing: None,
+            reward,
+            weight: 1.0,
+            policy_version: 0,
+            metadata: Default::default(),
+        }
+    }
+
+    #[test]
+    fn groups_are_per_task_even_when_group_ids_coincide() {
+        // One rollout call numbers every task's first group 0: task a is all-solved (no signal),
+        // task b is mixed. Keyed by group_id alone they would form one mixed group of 4.
+        let samples = [
+            sample("a", 0, 0, 1.0),
+            sample("a", 0, 1, 1.0),
+            sample("b", 0, 0, 1.0),
+            sample("b", 0, 1, 0.0),
+        ];
+        let b = Batch::new(&samples, &Config::tiny(), 0, Path::new("s.jsonl"), 1e-6).unwrap();
+        assert_eq!(b.groups.len(), 2);
+        assert_eq!(b.zero_variance_groups, 1);
+        let adv: Vec<(bool, f64)> = b.trajs.iter().map(|t| (t.contributes, t.advantage)).collect();
+        assert!(!adv[0].0 && !adv[1].0, "task a's group is zero-variance: {adv:?}");
+        assert!(
+            adv[2].0 && adv[3].0 && adv[2].1 > 0.0 && adv[3].1 < 0.0,
+            "{adv:?}"
+        );
+    }
 }
