@@ -18,8 +18,8 @@ use super::{Drop, FilterError, Settings};
 use crate::io::{is_stdio, AtomicWriter, Compression};
 use crate::records::{Record, Task, TaskDecision};
 use crate::tasks::facts::content_hash;
-use crate::tasks::source::{classify, parse_record, render, InputKind, Parsed, RecordLines};
-use crate::tasks::{chunks, harbor, TaskError};
+use crate::tasks::source::{classify, load_dir, parse_record, render, InputKind, Parsed, RecordLines};
+use crate::tasks::{chunks, TaskError};
 
 const BATCH_RECORDS: usize = 4096;
 const BATCH_BYTES: usize = 32 << 20;
@@ -554,10 +554,10 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
     for kind in groups {
         match kind {
             Err(e) => sink.bad(e)?,
-            Ok(InputKind::HarborDirs(dirs)) => {
+            Ok(InputKind::TaskDirs(dirs)) => {
                 let mut evals = Vec::with_capacity(dirs.len());
                 for d in dirs {
-                    let ev = match harbor::load(&d) {
+                    let ev = match load_dir(&d) {
                         Ok(task) => {
                             let facts = crate::tasks::facts::Facts::of_task(&task);
                             evaluate(
