@@ -39,7 +39,7 @@ complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "validate" -d 'Check
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live.'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "generate-docs" -d 'Writes the man pages and shell completions (for maintainers)'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s i -l input -d 'Task pool: SWE-bench JSONL/.json, Harbor task directories, lego-rl task records' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s i -l input -d 'Task pool: SWE-bench JSONL/.json, swebench task repositories, Harbor task directories, lego-rl task records' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s o -l output -d 'Kept tasks as lego-rl task records (zstd unless the name ends in .jsonl)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l decisions -d 'Write one decision per task (kept or dropped, stage, reason, evidence)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l funnel -d 'Write the funnel as CSV (stage,in,out,dropped,reason,count)' -r -F

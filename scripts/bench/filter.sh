@@ -4,6 +4,7 @@
 #
 #   scripts/bench/filter.sh            # N=1000000; the pool is cached in target/bench-filter/
 #   N=100000 scripts/bench/filter.sh   # smaller
+#   BEFORE=/path/to/older/lego-rl scripts/bench/filter.sh   # also time an older build, same run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${N:-1000000}
@@ -39,6 +40,11 @@ t2=$(now)
 # For reference: the same run writing the kept tasks (zstd level 3, the io layer's default).
 full_cpu=$(timed /dev/null "$BIN" -q filter-tasks -i "$POOL" -o "$WORK/kept.jsonl.zst" "${IDS_ARGS[@]}")
 t3=$(now)
+# Optionally the same --dry-run with an older binary, to print before/after from one run.
+if [ -n "${BEFORE:-}" ]; then
+    before_cpu=$(timed /dev/null "$BEFORE" -q filter-tasks -i "$POOL" --dry-run "${IDS_ARGS[@]}")
+    t4=$(now)
+fi
 
 bytes=$(stat -c %s "$POOL")
 raw=$(echo "$t1 - $t0" | bc -l)
@@ -51,3 +57,8 @@ printf '%-34s %7.2f s wall %7.2f s cpu  %9.0f records/s\n' "rules+decontam (--dr
 printf '%-34s %7.2f s wall %7.2f s cpu  %9.0f records/s\n' "rules+decontam, writing kept" "$full" "$full_cpu" "$(echo "$N / $full" | bc -l)"
 printf 'ratio (--dry-run)/raw:  wall %.2f  cpu %.2f   (goal: wall <= 2.00)\n' "$(echo "$dry / $raw" | bc -l)" "$(echo "$dry_cpu / $raw_cpu" | bc -l)"
 printf 'ratio (writing)/raw:    wall %.2f  cpu %.2f\n' "$(echo "$full / $raw" | bc -l)" "$(echo "$full_cpu / $raw_cpu" | bc -l)"
+if [ -n "${BEFORE:-}" ]; then
+    before=$(echo "$t4 - $t3" | bc -l)
+    printf '%-34s %7.2f s wall %7.2f s cpu  %9.0f records/s\n' "before: $BEFORE (--dry-run)" "$before" "$before_cpu" "$(echo "$N / $before" | bc -l)"
+    printf 'ratio before (--dry-run)/raw: wall %.2f  cpu %.2f\n' "$(echo "$before / $raw" | bc -l)" "$(echo "$before_cpu / $raw_cpu" | bc -l)"
+fi

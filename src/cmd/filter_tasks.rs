@@ -16,7 +16,8 @@ use crate::tasks::filter::{
 
 /// Filter a task pool into a training set, reporting the funnel.
 ///
-/// Inputs: SWE-bench JSONL or .json (official field names), Harbor task directories (or a
+/// Inputs: SWE-bench JSONL or .json (official field names), swebench 5.x task repositories
+/// (tasks/<id>/task.yaml, tests.json, gold.patch, ...), Harbor task directories (or a
 /// directory of them), lego-rl task records; zstd or plain. Stages, in order, each optional and
 /// each reported: rules, decontamination, validity (sandboxes), difficulty band, saturation.
 /// Without --stages, rules run (unless --no-rules) plus every stage whose input is given.
@@ -36,7 +37,8 @@ use crate::tasks::filter::{
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
 pub struct FilterTasksArgs {
-    /// Task pool: SWE-bench JSONL/.json, Harbor task directories, lego-rl task records.
+    /// Task pool: SWE-bench JSONL/.json, swebench task repositories, Harbor task directories,
+    /// lego-rl task records.
     #[arg(short, long, required = true)]
     pub input: Vec<PathBuf>,
     /// Kept tasks as lego-rl task records (zstd unless the name ends in .jsonl).

@@ -48,6 +48,40 @@ pub fn unescape_into(raw: &str, out: &mut String) -> Result<(), String> {
     Ok(())
 }
 
+/// The number of chars [`unescape_into`] would produce from `raw`, without writing them (the
+/// rules stage needs only the problem statement's length); the same errors on the same input.
+pub fn unescaped_char_count(raw: &str) -> Result<usize, String> {
+    let inner = raw
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .ok_or_else(|| format!("expected a string, found {}", kind_of(raw)))?;
+    let mut n = 0;
+    let mut rest = inner;
+    while let Some(i) = memchr::memchr(b'\\', rest.as_bytes()) {
+        n += rest[..i].chars().count();
+        let esc = rest.as_bytes().get(i + 1).copied().ok_or("dangling escape")?;
+        rest = &rest[i + 2..];
+        match esc {
+            b'n' | b't' | b'r' | b'"' | b'\\' | b'/' | b'b' | b'f' => n += 1,
+            b'u' => {
+                let hi = hex4(rest)?;
+                rest = &rest[4..];
+                // A surrogate pair is one char; anything else one char too (U+FFFD when lone),
+                // and a second escape that does not complete the pair is read on its own.
+                if (0xD800..0xDC00).contains(&hi) && rest.starts_with("\\u") {
+                    let lo = hex4(&rest[2..])?;
+                    if (0xDC00..0xE000).contains(&lo) {
+                        rest = &rest[6..];
+                    }
+                }
+                n += 1;
+            }
+            other => return Err(format!("invalid escape `\\{}`", other as char)),
+        }
+    }
+    Ok(n + rest.chars().count())
+}
+
 fn hex4(s: &str) -> Result<u32, String> {
     s.get(..4)
         .and_then(|h| u32::from_str_radix(h, 16).ok())
@@ -123,6 +157,37 @@ mod tests {
             unescape_into("12", &mut buf).unwrap_err(),
             "expected a string, found a number"
         );
+    }
+
+    #[test]
+    fn char_count_equals_unescape_then_count() {
+        let mut buf = String::new();
+        for raw in [
+            r#""plain""#,
+            r#""a\nb\tc\"d\\e\/ é 😀""#,
+            r#""\ud83d\ude00\u00e9""#,
+            r#""\ud83d x""#,
+            r#""\ud83d\u0041""#,
+            r#""\udc00\ud800""#,
+            r#""""#,
+            r#""ends with escape\n""#,
+        ] {
+            unescape_into(raw, &mut buf).unwrap();
+            assert_eq!(unescaped_char_count(raw).unwrap(), buf.chars().count(), "{raw}");
+        }
+        for bad in [
+            r#""dangling\""#,
+            r#""bad \x""#,
+            r#""\u12""#,
+            "12",
+            r#""\ud800\u12""#,
+        ] {
+            assert_eq!(
+                unescaped_char_count(bad).unwrap_err(),
+                unescape_into(bad, &mut buf).unwrap_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   also a `.json` file holding one array of such records;
 //! - Harbor task directories (`task.toml` in the legacy and current key layouts, `instruction.md`,
 //!   `environment/`, `tests/test.sh`, `solution/solve.sh`), or a directory of them;
+//! - swebench 5.x task repositories (`tasks/<id>/task.yaml`, `tests.json`, `gold.patch`,
+//!   `test.patch`, ...; [`swebench_repo`]), or single task directories of that layout;
 //! - lego-rl `Task` records (`schema: "lego-rl/task/v1"`).
 //!
 //! The hot path (SWE-bench lines through rules and decontamination) never builds a `Task` for a
@@ -20,6 +22,7 @@ pub mod json;
 pub mod patch;
 pub mod source;
 pub mod swebench;
+pub mod swebench_repo;
 pub mod view;
 
 use std::path::PathBuf;

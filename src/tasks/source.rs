@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 
 use super::facts::Facts;
 use super::view::{parse_fields, render_swebench, swebench_facts, Fields};
-use super::{harbor, TaskError};
+use super::{harbor, swebench_repo, TaskError};
 use crate::io::{open_lines, LineSource, TornTail};
 use crate::records::{check_schema, Task};
 
@@ -97,16 +97,52 @@ pub fn render(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed<'_>) -
 pub enum InputKind {
     /// JSON Lines, or a `.json` array (detected from the first non-blank character).
     Records(PathBuf),
-    /// Harbor task directories, sorted.
-    HarborDirs(Vec<PathBuf>),
+    /// Task directories (Harbor or swebench 5.x), sorted; read with [`load_dir`].
+    TaskDirs(Vec<PathBuf>),
 }
 
-/// Classifies an input path.
+/// Classifies an input path. A directory is one task directory (Harbor `task.toml` or swebench
+/// `task.yaml`), a swebench task repository (`tasks/<id>/task.yaml`), or a directory whose
+/// subdirectories are task directories.
 pub fn classify(path: &Path) -> Result<InputKind, TaskError> {
-    if path.is_dir() {
-        return Ok(InputKind::HarborDirs(harbor::task_dirs(path)?));
+    if !path.is_dir() {
+        return Ok(InputKind::Records(path.to_path_buf()));
     }
-    Ok(InputKind::Records(path.to_path_buf()))
+    if harbor::is_task_dir(path) || swebench_repo::is_task_dir(path) {
+        return Ok(InputKind::TaskDirs(vec![path.to_path_buf()]));
+    }
+    if let Some(dirs) = swebench_repo::repo_task_dirs(path)? {
+        return Ok(InputKind::TaskDirs(dirs));
+    }
+    let err = |msg: String| TaskError::TaskDir {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut dirs = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(|e| err(e.to_string()))? {
+        let p = entry.map_err(|e| err(e.to_string()))?.path();
+        if p.is_dir() && (harbor::is_task_dir(&p) || swebench_repo::is_task_dir(&p)) {
+            dirs.push(p);
+        }
+    }
+    if dirs.is_empty() {
+        return Err(err(
+            "not a task directory (no Harbor task.toml, no swebench task.yaml), a swebench task \
+             repository (no tasks/) or a directory of task directories"
+                .into(),
+        ));
+    }
+    dirs.sort();
+    Ok(InputKind::TaskDirs(dirs))
+}
+
+/// Reads one task directory of either layout.
+pub fn load_dir(dir: &Path) -> Result<Task, TaskError> {
+    if harbor::is_task_dir(dir) {
+        harbor::load(dir)
+    } else {
+        swebench_repo::load(dir)
+    }
 }
 
 /// Reads the lines of a record file. A file whose first non-blank line starts with `[` is a

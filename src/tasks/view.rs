@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::facts::{normalize_repo, Facts};
-use super::json::{kind_of, unescape_into};
+use super::json::{kind_of, unescape_into, unescaped_char_count};
 use super::patch;
 use super::TaskError;
 use crate::records::{Task, TaskSource, Timeouts};
@@ -228,8 +228,7 @@ pub fn swebench_facts(path: &Path, line: u64, v: &Fields<'_>) -> Result<Facts, T
             }
         }
         if let Some(r) = v.get("problem_statement") {
-            unescape_into(r.get(), &mut buf).map_err(|m| bad("problem_statement", m))?;
-            f.instruction_chars = buf.chars().count();
+            f.instruction_chars = unescaped_char_count(r.get()).map_err(|m| bad("problem_statement", m))?;
         }
         if let Some(r) = v.get("patch") {
             unescape_into(r.get(), &mut buf).map_err(|m| bad("patch", m))?;

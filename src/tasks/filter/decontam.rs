@@ -5,7 +5,7 @@
 //! - repository level (`--exclude-repos-of FILE`): any task from a repository of the set.
 //!
 //! FILE is an evaluation set in any accepted format (SWE-bench JSONL or `.json`, lego-rl task
-//! records, Harbor task directories) or a plain list of ids, one per line (`#` comments). For a
+//! records, Harbor task directories, a swebench 5.x task repository) or a plain list of ids, one per line (`#` comments). For a
 //! plain list, repositories come from SWE-bench's id convention (`owner__name-123`).
 
 use std::collections::HashSet;
@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::Drop;
 use crate::tasks::facts::{repo_of_instance_id, Facts};
-use crate::tasks::source::{classify, parse_record, InputKind, RecordLines};
-use crate::tasks::{harbor, TaskError};
+use crate::tasks::source::{classify, load_dir, parse_record, InputKind, RecordLines};
+use crate::tasks::TaskError;
 
 /// What an evaluation set names.
 #[derive(Debug, Clone, Default)]
@@ -42,9 +42,9 @@ impl EvalSet {
     pub fn load(path: &Path) -> Result<EvalSet, TaskError> {
         let mut set = EvalSet::default();
         match classify(path)? {
-            InputKind::HarborDirs(dirs) => {
+            InputKind::TaskDirs(dirs) => {
                 for d in dirs {
-                    set.add(&Facts::of_task(&harbor::load(&d)?));
+                    set.add(&Facts::of_task(&load_dir(&d)?));
                 }
             }
             InputKind::Records(p) => {

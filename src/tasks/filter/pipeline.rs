@@ -2,6 +2,7 @@
 //! decide duplicates and write in input order.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -17,8 +18,8 @@ use super::{Drop, FilterError, Settings};
 use crate::io::{is_stdio, AtomicWriter, Compression};
 use crate::records::{Record, Task, TaskDecision};
 use crate::tasks::facts::content_hash;
-use crate::tasks::source::{classify, parse_record, render, InputKind, Parsed, RecordLines};
-use crate::tasks::{chunks, harbor, TaskError};
+use crate::tasks::source::{classify, load_dir, parse_record, render, InputKind, Parsed, RecordLines};
+use crate::tasks::{chunks, TaskError};
 
 const BATCH_RECORDS: usize = 4096;
 const BATCH_BYTES: usize = 32 << 20;
@@ -144,10 +145,14 @@ fn evaluate(
         },
         Err(_) => None,
     };
+    let (id_hash, dedupe_key) = (content_hash(&[&f.id]), f.dedupe_key);
+    let id = match parsed {
+        Parsed::Swebench(f, _) | Parsed::Task(_, f, _) => f.id,
+    };
     Eval::Good(Box::new(Evaluated {
-        id_hash: content_hash(&[&f.id]),
-        id: f.id.clone(),
-        dedupe_key: f.dedupe_key,
+        id_hash,
+        id,
+        dedupe_key,
         verdict: verdict.map(|()| passed),
         line: line_out,
         candidate,
@@ -187,51 +192,79 @@ fn spawn_batches(path: PathBuf, mut lines: RecordLines) -> Receiver<Batch> {
     rx
 }
 
+/// Evaluates the lines of one part, numbered from `base + 1`; returns the evaluations, the
+/// number of lines and whether any line was bad.
+fn evaluate_part(s: &Settings, want: bool, path: &Path, part: &[u8], base: u64) -> (Vec<Eval>, u64, bool) {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut lines = 0;
+    let mut bad = false;
+    let ends = memchr::memchr_iter(b'\n', part).chain((part.last() != Some(&b'\n')).then_some(part.len()));
+    for end in ends {
+        let raw = &part[start..end];
+        start = end + 1;
+        lines += 1;
+        let line = base + lines;
+        let ev = match std::str::from_utf8(raw) {
+            Err(e) => Eval::Bad(TaskError::Io(crate::io::IoError::BadRecord {
+                path: path.to_path_buf(),
+                line,
+                msg: format!("not UTF-8: {e}"),
+            })),
+            Ok(text) if text.trim().is_empty() => continue,
+            Ok(text) => evaluate(s, want, path, line, Some(text), parse_record(path, line, text)),
+        };
+        bad |= matches!(ev, Eval::Bad(_));
+        out.push(ev);
+    }
+    (out, lines, bad)
+}
+
 /// Evaluates one chunk of whole lines in parallel; returns the evaluations in order and the
 /// number of lines the chunk held. Line numbers continue from `base`.
+///
+/// Parts are evaluated with line numbers counted from their own start, so no separate pass
+/// counts lines first; only errors carry a line number, so the rare part with a bad line is
+/// evaluated again, in order, with its true base.
 fn evaluate_chunk(s: &Settings, want: bool, path: &Path, data: &[u8], base: u64) -> (Vec<Eval>, u64) {
     let parts = chunks::parts(data, rayon::current_num_threads() * 4);
-    let counts: Vec<u64> = parts.par_iter().map(|p| chunks::count_lines(p)).collect();
-    let mut bases = Vec::with_capacity(parts.len());
-    let mut n = base;
-    for c in &counts {
-        bases.push(n);
-        n += c;
-    }
-    let evals: Vec<Vec<Eval>> = parts
+    let results: Vec<(Vec<Eval>, u64, bool)> = parts
         .par_iter()
-        .zip(bases)
-        .map(|(part, base)| {
-            let mut out = Vec::new();
-            let mut start = 0;
-            let ends =
-                memchr::memchr_iter(b'\n', part).chain((part.last() != Some(&b'\n')).then_some(part.len()));
-            for (i, end) in ends.enumerate() {
-                let raw = &part[start..end];
-                start = end + 1;
-                let line = base + i as u64 + 1;
-                match std::str::from_utf8(raw) {
-                    Err(e) => out.push(Eval::Bad(TaskError::Io(crate::io::IoError::BadRecord {
-                        path: path.to_path_buf(),
-                        line,
-                        msg: format!("not UTF-8: {e}"),
-                    }))),
-                    Ok(text) if text.trim().is_empty() => {}
-                    Ok(text) => out.push(evaluate(
-                        s,
-                        want,
-                        path,
-                        line,
-                        Some(text),
-                        parse_record(path, line, text),
-                    )),
-                }
-            }
-            out
-        })
+        .map(|part| evaluate_part(s, want, path, part, 0))
         .collect();
-    (evals.into_iter().flatten().collect(), n - base)
+    let mut out = Vec::with_capacity(results.iter().map(|r| r.0.len()).sum());
+    let mut n = base;
+    for (part, (evals, lines, bad)) in parts.iter().zip(results) {
+        if bad && n > 0 {
+            out.extend(evaluate_part(s, want, path, part, n).0);
+        } else {
+            out.extend(evals);
+        }
+        n += lines;
+    }
+    (out, n - base)
 }
+
+/// Hasher for keys that are already 64-bit content hashes: the sequential part of a run hashes
+/// nothing twice.
+#[derive(Default, Clone, Copy)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type ByHash = BuildHasherDefault<Prehashed>;
 
 /// The sequential, order-preserving part of a run.
 struct Sink<'a> {
@@ -241,9 +274,9 @@ struct Sink<'a> {
     /// None with `--dry-run`.
     out: Option<AtomicWriter>,
     decisions: Option<AtomicWriter>,
-    ids: HashSet<u64>,
+    ids: HashSet<u64, ByHash>,
     /// Dedupe key → first id (the id only when decisions are written).
-    keys: HashMap<u64, Option<Box<str>>>,
+    keys: HashMap<u64, Option<Box<str>>, ByHash>,
     kept: u64,
     errors: u64,
     incomplete: Vec<String>,
@@ -506,8 +539,8 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
             Some(AtomicWriter::create(&s.output)?)
         },
         decisions: s.decisions.as_deref().map(AtomicWriter::create).transpose()?,
-        ids: HashSet::new(),
-        keys: HashMap::new(),
+        ids: HashSet::default(),
+        keys: HashMap::default(),
         kept: 0,
         errors: 0,
         incomplete: Vec::new(),
@@ -521,10 +554,10 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
     for kind in groups {
         match kind {
             Err(e) => sink.bad(e)?,
-            Ok(InputKind::HarborDirs(dirs)) => {
+            Ok(InputKind::TaskDirs(dirs)) => {
                 let mut evals = Vec::with_capacity(dirs.len());
                 for d in dirs {
-                    let ev = match harbor::load(&d) {
+                    let ev = match load_dir(&d) {
                         Ok(task) => {
                             let facts = crate::tasks::facts::Facts::of_task(&task);
                             evaluate(
@@ -561,12 +594,14 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                         }
                     };
                     let mut line = 0;
-                    for chunk in rx {
-                        let (evals, n) = evaluate_chunk(s, want, &path, &chunk.data, line);
+                    while let Some(mut chunk) = rx.next_chunk() {
+                        let (evals, n) = evaluate_chunk(s, want, &path, chunk.data(), line);
+                        let end = chunk.end.take();
+                        rx.recycle(chunk);
                         line += n;
                         progress.inc(evals.len() as u64);
                         sink.take_batch(evals, progress)?;
-                        if let Some(end) = chunk.end {
+                        if let Some(end) = end {
                             sink.bad(TaskError::Io(end.into_error(&path, line)))?;
                         }
                     }

@@ -1,6 +1,8 @@
 //! Bad input (named by file, record and field; collected with --keep-going), Harbor
 //! directories and task records as inputs, and the validity stage's refusal.
 
+use std::path::PathBuf;
+
 use serde_json::{json, Value};
 
 use super::{filter, ids, read_jsonl, real_pool, record, testdata};
@@ -120,6 +122,71 @@ fn harbor_directories_and_task_records_are_inputs_too() {
     let (code, _, stderr) = filter(std::slice::from_ref(&out), &["-o", again.to_str().unwrap()]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+}
+
+#[test]
+fn a_swebench_task_repository_filters_like_its_jsonl() {
+    // testdata/swebench/task-repo holds the records of this JSONL file in the swebench 5.x layout.
+    let dir = tempfile::tempdir().unwrap();
+    let ids_file = testdata("swebench/swebench_verified_ids.txt");
+    let run = |input: PathBuf, name: &str| {
+        let out = dir.path().join(format!("{name}.jsonl"));
+        let funnel = dir.path().join(format!("{name}.csv"));
+        let decisions = dir.path().join(format!("{name}.dec.jsonl"));
+        let (code, _, stderr) = filter(
+            &[input],
+            &[
+                "-o",
+                out.to_str().unwrap(),
+                "--exclude-instances",
+                ids_file.to_str().unwrap(),
+                "--funnel",
+                funnel.to_str().unwrap(),
+                "--decisions",
+                decisions.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code, 0, "{stderr}");
+        let decided: Vec<(String, String, bool)> = read_jsonl(&decisions)
+            .iter()
+            .map(|d| {
+                (
+                    d["task_id"].as_str().unwrap().to_string(),
+                    d["reason"].as_str().unwrap_or("").to_string(),
+                    d["kept"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        (read_jsonl(&out), std::fs::read_to_string(&funnel).unwrap(), decided)
+    };
+    let (repo_kept, repo_funnel, repo_decided) = run(testdata("swebench/task-repo"), "repo");
+    let (line_kept, line_funnel, mut line_decided) =
+        run(testdata("swebench/swebench_full_test__swe-agent-debug.jsonl"), "jsonl");
+    assert_eq!(repo_funnel, line_funnel);
+    // Directories are read in name order, JSONL lines in file order.
+    line_decided.sort();
+    let mut sorted = repo_decided.clone();
+    sorted.sort();
+    assert_eq!(sorted, line_decided);
+    // django__django-17029 is a SWE-bench Verified instance.
+    assert!(repo_decided.contains(&("django__django-17029".into(), "eval_instance".into(), false)));
+    assert_eq!(repo_kept.len(), line_kept.len());
+    assert!(!repo_kept.is_empty());
+    for t in &repo_kept {
+        let same = line_kept.iter().find(|l| l["id"] == t["id"]).unwrap();
+        for k in ["repo", "base_commit", "instruction", "gold_patch", "test_patch", "fail_to_pass", "pass_to_pass"] {
+            assert_eq!(t[k], same[k], "{}: {k}", t["id"]);
+        }
+        assert_eq!(t["metadata"]["version"], same["metadata"]["version"]);
+        assert_eq!(t["metadata"]["split"], "test");
+        assert!(t["environment"]["dockerfile"].as_str().unwrap().starts_with("FROM swebench/"));
+    }
+    // One task directory alone is an input too.
+    let one = testdata("swebench/task-repo/tasks/django__django-15136");
+    let out = dir.path().join("one.jsonl");
+    let (code, _, stderr) = filter(&[one], &["-o", out.to_str().unwrap(), "--no-rules"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(ids(&read_jsonl(&out), "id"), ["django__django-15136"]);
 }
 
 #[test]

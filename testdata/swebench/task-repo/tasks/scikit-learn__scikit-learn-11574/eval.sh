@@ -1,0 +1,3 @@
+#!/bin/bash
+# fixture stand-in for the generated eval script
+set -uxo pipefail
