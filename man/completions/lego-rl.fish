@@ -161,6 +161,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l eps-low -
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l eps-high -d 'Upper clip range of the sequence ratio' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l updates -d 'Optimizer updates per step (mini-batches of whole groups)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l micro-batch-tokens -d 'Tokens per packed micro-batch (gradient accumulation over micro-batches)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l logprob-chunk -d 'Positions per chunk of the LM head (0 = off: all scored positions at once)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l max-grad-norm -d 'Gradient-norm clip (0 = off)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l tis-cap -d 'Truncated importance-sampling cap on π_old/π_rollout per token (off when absent)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l seed -d 'Seed of torch\'s generator' -r

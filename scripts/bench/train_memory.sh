@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Activation checkpointing (train-step --activation-checkpointing) on long sequences: peak memory
-# (max RSS) and time of one CPU train-step on the tiny Qwen3-MoE with and without it, same samples,
-# same run; prints both and the ratios. Usage: scripts/bench/train_memory.sh [N_SEQS] [LEN]
-# (defaults 2 sequences of 3072 tokens). CKPT=DIR picks the checkpoint (default: the tiny dense Qwen3,
-# whose 4096-token vocabulary keeps the logits small, so layer activations dominate the peak; on
-# the tiny MoE the 151936-wide logits of the scored positions dominate instead).
+# Peak memory (max RSS) and time of one CPU train-step on long sequences, same samples, same run,
+# in three configurations:
+#   unchunked head    --logprob-chunk 0: all scored positions' [positions, vocab] logits at once,
+#                     differentiated by autograd (the trainer before the chunked head)
+#   chunked head      --logprob-chunk N (default 256): graph-free head, N × vocab logits at most
+#   + checkpointing   chunked head and --activation-checkpointing (one layer's activations)
+# and the ratios to the first. Usage: scripts/bench/train_memory.sh [N_SEQS] [LEN] [CHUNK]
+# (defaults 2 sequences of 3072 tokens, half of them scored, chunk 256; one sequence per
+# micro-batch). CKPT=DIR picks the checkpoint (default: the tiny Qwen3-MoE, whose 151936-token
+# vocabulary makes the head's logits the largest tensors; CKPT=testdata/models/tiny-qwen3, 4096
+# tokens, shows the activation side instead).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 py=${LEGO_RL_PYTHON:-$root/.venv/bin/python}
 n=${1:-2}
 len=${2:-3072}
+chunk=${3:-256}
 "$py" scripts/make_tiny_models.py testdata/models/generated/tiny-qwen3-moe
-ckpt=${CKPT:-testdata/models/tiny-qwen3}
+ckpt=${CKPT:-testdata/models/generated/tiny-qwen3-moe}
 [ -x target/release/lego-rl ] || cargo build --release --quiet
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -24,10 +30,14 @@ run() {
   read -r kb secs <"$work/$tag.time"
   printf '%s %s\n' "$kb" "$secs"
 }
-read -r plain_kb plain_s < <(run plain)
-read -r ckpt_kb ckpt_s < <(run ckpt --activation-checkpointing)
-printf 'train-step %d x %d tokens, %s, CPU\n' "$n" "$len" "$(basename "$ckpt")"
-printf '  plain:                  max RSS %7.0f MiB  %6.1f s\n' "$(echo "$plain_kb / 1024" | bc -l)" "$plain_s"
-printf '  activation checkpoints: max RSS %7.0f MiB  %6.1f s\n' "$(echo "$ckpt_kb / 1024" | bc -l)" "$ckpt_s"
-printf '  memory ratio %.2fx, time ratio %.2fx (checkpointed / plain)\n' \
-  "$(echo "$ckpt_kb / $plain_kb" | bc -l)" "$(echo "$ckpt_s / $plain_s" | bc -l)"
+read -r plain_kb plain_s < <(run plain --logprob-chunk 0)
+read -r chunk_kb chunk_s < <(run chunk --logprob-chunk "$chunk")
+read -r both_kb both_s < <(run both --logprob-chunk "$chunk" --activation-checkpointing)
+mib() { echo "$1 / 1024" | bc -l; }
+printf 'train-step %d x %d tokens (%d scored each), %s, CPU\n' "$n" "$len" $((len / 2)) "$(basename "$ckpt")"
+printf '  unchunked head:                  max RSS %7.0f MiB  %6.1f s\n' "$(mib "$plain_kb")" "$plain_s"
+printf '  chunked head (%5d):            max RSS %7.0f MiB  %6.1f s   memory %.2fx, time %.2fx\n' \
+  "$chunk" "$(mib "$chunk_kb")" "$chunk_s" "$(echo "$chunk_kb / $plain_kb" | bc -l)" "$(echo "$chunk_s / $plain_s" | bc -l)"
+printf '  chunked + activation checkpoints: max RSS %7.0f MiB  %6.1f s   memory %.2fx, time %.2fx\n' \
+  "$(mib "$both_kb")" "$both_s" "$(echo "$both_kb / $plain_kb" | bc -l)" "$(echo "$both_s / $plain_s" | bc -l)"
+echo '  (ratios: configuration / unchunked head)'

@@ -85,7 +85,7 @@ def step(ckpt, samples_path):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     elapsed = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_second": ids.numel() / elapsed, "seconds": elapsed, "loss": loss.item()}))
+    print(json.dumps({"tokens_per_second": ids.numel() / elapsed, "seconds": elapsed, "loss": loss.item(), "threads": torch.get_num_threads()}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ use clap::Args;
 use super::Outcome;
 use crate::cli::GlobalArgs;
 use crate::io::{read_all, AppendWriter, ReadOptions};
-use crate::model::{parse_device, parse_kind};
+use crate::model::{parse_device, parse_kind, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};
 
@@ -82,6 +82,13 @@ pub struct TrainStepArgs {
     /// checkpointing): activation memory of one layer instead of all, for one more forward pass.
     #[arg(long)]
     pub activation_checkpointing: bool,
+    /// Positions per chunk of the LM head (0 = off: all scored positions at once).
+    ///
+    /// Log-probs and their gradient are computed chunk by chunk, with the softmax gradient in
+    /// closed form, so at most N × vocab logits exist at a time instead of one per scored token
+    /// of the micro-batch (on a 151936-token vocabulary these dominate memory). Same gradients.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_LOGPROB_CHUNK)]
+    pub logprob_chunk: usize,
     /// Gradient-norm clip (0 = off).
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
@@ -109,6 +116,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         updates: args.updates.max(1),
         micro_batch_tokens: args.micro_batch_tokens.max(1),
         activation_checkpointing: args.activation_checkpointing,
+        logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk),
         max_grad_norm: args.max_grad_norm,
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,

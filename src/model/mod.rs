@@ -4,10 +4,14 @@
 //! - [`CausalLm`]: the network; var names equal HF tensor names, so [`Model::load`] /
 //!   [`Model::save`] move safetensors in and out without renaming.
 //! - MoE forward returns the expert ids it used (`[T, moe_layers, k]`) and replays given ids (R3).
+//! - The head ([`CausalLm::next_token_logprobs_chunked`], [`CausalLm::backward_logprobs`])
+//!   scores only the positions asked for, in chunks of positions, without keeping
+//!   `[positions, vocab]` logits for the backward.
 //! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally.
 
 mod checkpoint;
 mod config;
+mod head;
 mod layers;
 mod moe;
 mod qwen3;
@@ -16,6 +20,7 @@ use std::path::PathBuf;
 
 pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
 pub use config::Config;
+pub use head::{DEFAULT_LOGPROB_CHUNK, ENTROPY_SAMPLE};
 pub use layers::{AttnMask, KvCache};
 pub use moe::MoeRouting;
 pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput};

@@ -5,16 +5,13 @@
 //! routing to replay (`[T, moe_layers, k]`, -1 rows route normally) and an optional [`KvCache`];
 //! it returns the final-normed hidden states and, for MoE models, the routing it used and the
 //! router's own choice. Logits are computed separately ([`CausalLm::logits`]) so the trainer can
-//! project only the positions it needs through the 151936-wide head.
+//! project only the positions it needs through the 151936-wide head, in chunks (`head.rs`).
 
 use tch::{nn, Kind, Tensor};
 
 use super::layers::{rope_tables, Attention, AttnMask, KvCache, Mlp, RmsNorm, INIT_STD};
 use super::moe::{MoeRouting, SparseMoe};
 use super::Config;
-
-/// Most positions per call whose entropy [`CausalLm::next_token_logprobs`] computes (×2).
-pub const ENTROPY_SAMPLE: i64 = 256;
 
 /// Dense MLP or routed experts.
 #[derive(Debug)]
@@ -183,18 +180,15 @@ impl CausalLm {
         }
     }
 
-    /// Backward of `head(hidden)` (a scalar) through the decoder with per-layer activation
-    /// checkpointing: the forward pass runs without a graph and keeps only each layer's input;
-    /// the backward pass recomputes one layer at a time from its input and back-propagates the
-    /// incoming gradient through it, so at most one layer's activations are alive. Parameter
-    /// gradients accumulate exactly as with `forward(..).hidden` + `backward()` (same
-    /// arithmetic, recomputed; MoE layers recompute with the same replayed routing, so the
-    /// expert choice cannot differ). Returns `head`'s value (detached).
-    pub fn backward_checkpointed(
-        &self,
-        input: &ForwardInput,
-        head: impl FnOnce(&Tensor) -> Tensor,
-    ) -> Tensor {
+    /// Backward through the decoder with per-layer activation checkpointing, starting from
+    /// `head`, which receives the final-normed hidden states and must itself backpropagate
+    /// from them (e.g. [`CausalLm::backward_logprobs`]); its result is returned. The forward
+    /// pass runs without a graph and keeps only each layer's input; the backward pass recomputes
+    /// one layer at a time from its input and back-propagates the incoming gradient through it,
+    /// so at most one layer's activations are alive. Parameter gradients accumulate exactly as
+    /// with `forward(..).hidden` + the same head (same arithmetic, recomputed; MoE layers
+    /// recompute with the same replayed routing, so the expert choice cannot differ).
+    pub fn backward_checkpointed<R>(&self, input: &ForwardInput, head: impl FnOnce(&Tensor) -> R) -> R {
         let (cos, sin, inputs, last) = {
             let _g = tch::no_grad_guard();
             let mut x = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
@@ -211,7 +205,6 @@ impl CausalLm {
         };
         let leaf = last.detach().set_requires_grad(true);
         let value = head(&self.norm.forward(&leaf));
-        value.backward();
         let mut grad = leaf.grad();
         let mut moe = self.moe_layers();
         for (layer, x) in self.layers.iter().zip(inputs).rev() {
@@ -229,7 +222,7 @@ impl CausalLm {
         }
         let emb = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
         (emb * grad).sum(Kind::Float).backward();
-        value.detach()
+        value
     }
 
     fn replay_slice(&self, layer: &DecoderLayer, input: &ForwardInput, moe: &mut usize) -> Option<Tensor> {
@@ -243,33 +236,8 @@ impl CausalLm {
         }
     }
 
-    /// Projects `[N, hidden]` hidden states to `[N, vocab]` logits (in the model dtype).
-    pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        super::layers::linear(hidden, self.lm_head.as_ref().unwrap_or(&self.embed_tokens))
-    }
-
-    /// Log-prob of each next token: `out[t] = log_softmax(logits[t])[tokens[t+1]]` for the
-    /// selected positions `at` (`[N]` int64) whose next tokens are `next` (`[N]`), in fp32.
-    /// With `with_entropy`, also the entropy of an evenly strided subset of those distributions
-    /// (all of them up to [`ENTROPY_SAMPLE`] positions): a full-vocabulary entropy costs more
-    /// than the log-probs themselves, and the mean over a strided subset estimates the same
-    /// diagnostic.
-    pub fn next_token_logprobs(
-        &self,
-        hidden: &Tensor,
-        at: &Tensor,
-        next: &Tensor,
-        with_entropy: bool,
-    ) -> (Tensor, Option<Tensor>) {
-        let logits = self.logits(&hidden.index_select(0, at)).to_kind(Kind::Float);
-        let lsm = logits.log_softmax(-1, Kind::Float);
-        let lp = lsm.gather(1, &next.unsqueeze(1), false).squeeze_dim(1);
-        let entropy = with_entropy.then(|| {
-            let n = lsm.size()[0];
-            let sub = lsm.slice(0, 0, n, (n / ENTROPY_SAMPLE).max(1));
-            // Row-wise Σ p·log p as a batched dot product: no [N, vocab] product tensor.
-            -sub.exp().unsqueeze(1).bmm(&sub.unsqueeze(2)).view([-1])
-        });
-        (lp, entropy)
+    /// The `[vocab, hidden]` output projection (the embedding when tied).
+    pub(super) fn head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 }

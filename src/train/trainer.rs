@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::model::{AttnMask, ForwardInput, Model};
+use crate::model::{AttnMask, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
 use crate::records::{Record, Sample, StepMetrics};
 
 use super::batch::{micro_batches, Batch, Seq};
@@ -36,6 +36,10 @@ pub struct Settings {
     /// Recompute each decoder layer in the backward pass instead of keeping its activations
     /// (long contexts: memory of one layer instead of all; costs one more forward).
     pub activation_checkpointing: bool,
+    /// Positions per chunk of the LM head (log-probs and their backward, see
+    /// `model/head.rs`): at most `chunk × vocab` logits alive instead of all scored positions'.
+    /// `None`: the whole micro-batch at once, differentiated by autograd.
+    pub logprob_chunk: Option<usize>,
     pub max_grad_norm: f64,
     /// Truncated importance-sampling cap on π_old/π_rollout per token (None = off).
     pub tis_cap: Option<f64>,
@@ -53,6 +57,7 @@ impl Default for Settings {
             updates: 1,
             micro_batch_tokens: 8192,
             activation_checkpointing: false,
+            logprob_chunk: Some(DEFAULT_LOGPROB_CHUNK),
             max_grad_norm: 1.0,
             tis_cap: None,
             adv_eps: 1e-6,
@@ -197,8 +202,7 @@ impl Trainer {
         })
     }
 
-    /// Forward of one micro-batch (sequences packed into one row).
-    /// The packed input tensors of micro-batch `mb`.
+    /// The packed input tensors of micro-batch `mb` (its sequences concatenated into one row).
     fn inputs(&self, batch: &Batch, mb: &[usize]) -> MbInputs {
         let dev = self.model.device();
         let moe_l = self.model.lm.moe_layers() as i64;
@@ -254,32 +258,18 @@ impl Trainer {
         }
     }
 
-    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool) -> MbOut {
-        let MbInputs {
-            tokens,
-            positions,
-            at: at_t,
-            next,
-            mask,
-            replay: replay_t,
-            recorded_rows,
-        } = self.inputs(batch, mb);
-        let out = self.model.lm.forward(
-            &ForwardInput {
-                tokens: &tokens,
-                positions: &positions,
-                mask: mask.as_ref().map_or(AttnMask::Causal, AttnMask::Packed),
-                replay: replay_t.as_ref(),
-            },
-            None,
-        );
-        let (lp, entropy) = self
-            .model
-            .lm
-            .next_token_logprobs(&out.hidden, &at_t, &next, extras);
+    /// Log-probs (no gradients) of micro-batch `mb`, plus entropy and expert overlap with
+    /// `extras`.
+    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool, chunk: Option<usize>) -> MbOut {
+        let inp = self.inputs(batch, mb);
+        let out = self.model.lm.forward(&inp.forward_input(), None);
+        let (lp, entropy) =
+            self.model
+                .lm
+                .next_token_logprobs_chunked(&out.hidden, &inp.at, &inp.next, extras, chunk);
         let mut overlap = (0, 0);
-        if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &replay_t) {
-            for (off, rows) in recorded_rows {
+        if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &inp.replay) {
+            for &(off, rows) in &inp.recorded_rows {
                 let (a, _) = own.narrow(0, off, rows).sort(-1, false);
                 let (b, _) = rec.narrow(0, off, rows).sort(-1, false);
                 let eq = a.eq_tensor(&b).all_dim(-1, false);
@@ -297,13 +287,14 @@ impl Trainer {
         idx: &[usize],
         budget: usize,
         extras: bool,
+        chunk: Option<usize>,
     ) -> (Vec<Vec<f64>>, Vec<f64>, (i64, i64)) {
         let _g = tch::no_grad_guard();
         let mut per_seq = vec![Vec::new(); batch.seqs.len()];
         let mut entropy = Vec::new();
         let mut overlap = (0, 0);
         for mb in micro_batches(&batch.seqs, idx, budget) {
-            let out = self.forward(batch, &mb, extras);
+            let out = self.forward(batch, &mb, extras, chunk);
             let lp = Vec::<f64>::try_from(out.lp.to_kind(Kind::Double)).expect("invariant: 1-d f64");
             if let Some(e) = out.entropy {
                 entropy.extend(Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64"));
@@ -328,7 +319,7 @@ impl Trainer {
         let all: Vec<usize> = (0..batch.seqs.len()).collect();
         let budget = s.micro_batch_tokens.max(1);
         // Pass 1: π_old with replayed routing, plus diagnostics.
-        let (old, entropy, overlap) = self.score(&batch, &all, budget, true);
+        let (old, entropy, overlap) = self.score(&batch, &all, budget, true, s.logprob_chunk);
         tracing::debug!(
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
@@ -353,7 +344,7 @@ impl Trainer {
             let cur = if u == 0 {
                 old.clone()
             } else {
-                self.score(&batch, &idx, budget, false).0
+                self.score(&batch, &idx, budget, false, s.logprob_chunk).0
             };
             let mut terms: Vec<TrajTerm> = batch
                 .trajs
@@ -420,16 +411,15 @@ impl Trainer {
                 let coef = Tensor::from_slice(&coef)
                     .to_device(self.model.device())
                     .to_kind(Kind::Float);
+                let inp = self.inputs(&batch, &mb);
+                let lm = &self.model.lm;
+                let head = |hidden: &Tensor| {
+                    lm.backward_logprobs(hidden, &inp.at, &inp.next, &coef, s.logprob_chunk)
+                };
                 if s.activation_checkpointing {
-                    let inp = self.inputs(&batch, &mb);
-                    let lm = &self.model.lm;
-                    let _loss = lm.backward_checkpointed(&inp.forward_input(), |hidden| {
-                        let (lp, _) = lm.next_token_logprobs(hidden, &inp.at, &inp.next, false);
-                        (lp * &coef).sum(Kind::Float)
-                    });
+                    let _lp = lm.backward_checkpointed(&inp.forward_input(), head);
                 } else {
-                    let out = self.forward(&batch, &mb, false);
-                    (out.lp * coef).sum(Kind::Float).backward();
+                    let _lp = head(&lm.forward(&inp.forward_input(), None).hidden);
                 }
             }
             let norm = grad_norm(&params);
