@@ -113,9 +113,9 @@ impl Batch {
             t.tokens += seq.pred_at.len();
             batch.seqs.push(Seq { traj: ti, ..seq });
         }
-        let mut groups: BTreeMap<(&str, u64), Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
         for (i, t) in batch.trajs.iter().enumerate() {
-            groups.entry((t.group.0.as_str(), t.group.1)).or_default().push(i);
+            groups.entry(t.group.clone()).or_default().push(i);
         }
         for members in groups.into_values() {
             let rewards: Vec<f64> = members.iter().map(|&i| batch.trajs[i].reward).collect();
@@ -254,7 +254,7 @@ pub fn micro_batches(seqs: &[Seq], idx: &[usize], budget: usize) -> Vec<Vec<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{LossMask, Packed};
+    use crate::records::{LossMask, Packed, Record};
 
     fn sample(task: &str, group: u64, index: u32, reward: f64) -> Sample {
         Sample {
