@@ -9,6 +9,7 @@
 pub mod embedded;
 pub mod npy;
 pub mod sglang;
+pub mod stop;
 pub mod vllm;
 
 use futures::future::BoxFuture;
@@ -19,6 +20,8 @@ use crate::records::Sampling;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
+    /// Sampling parameters; `sampling.stop` are stop strings: the output ends with the token
+    /// that completes one, and that token is part of the output (the proxy cuts the text).
     pub sampling: Sampling,
     /// Token ids that end generation (e.g. `<|im_end|>`); the stop token is part of the output.
     pub stop_token_ids: Vec<u32>,

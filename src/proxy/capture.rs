@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 use super::{ProxyError, State};
 use crate::chat::{
     Conversation, IncrementalDecoder, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role,
-    StreamEvent, ToolCallIds,
+    StreamEvent, StreamParser, ToolCallIds,
 };
+use crate::engine::stop::{truncate_at_stop, StopStrings};
 use crate::engine::{EngineError, FinishReason, GenerateRequest, TokenSink};
 use crate::records::{Generation, Packed, PromptMode, Sampling};
 
@@ -117,6 +118,8 @@ pub(crate) struct Outcome {
     pub output_tokens: usize,
     pub finish: FinishReason,
     pub index: u32,
+    /// The stop string (`stop` / `stop_sequences`) that ended the output, cut from the text.
+    pub stop_sequence: Option<String>,
 }
 
 /// Records `client_disconnected` when dropped before [`InFlight::done`]: the request was
@@ -352,8 +355,14 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
         let starts_in_reasoning = !p.raw && state.chat.starts_in_reasoning(&p.conv, &p.opts).unwrap_or(false);
         let tools = p.conv.tools.clone();
         let mut parser = Pieces {
-            raw: p.raw.then(|| IncrementalDecoder::new(true)),
-            chat: state.chat.output_stream(ids, starts_in_reasoning, &tools),
+            decoder: IncrementalDecoder::new(true),
+            chat: (!p.raw).then(|| {
+                state
+                    .chat
+                    .stream_parser(ids, starts_in_reasoning)
+                    .with_tools(&tools)
+            }),
+            stop: StopStrings::new(&p.record.sampling.stop),
             format: &state.chat,
         };
         let (tok_tx, mut tok_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -398,27 +407,67 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
     rx
 }
 
-/// Output tokens → stream events: chat parsing, or plain text for raw completions.
+/// Output tokens → stream events: incremental decoding (special tokens dropped), stop strings
+/// cut (text that may start one is held back), then chat parsing — or plain text for raw
+/// completions. The events add up to what [`parse`] makes of the same ids.
 struct Pieces<'a> {
-    raw: Option<IncrementalDecoder>,
-    chat: crate::chat::OutputStream<'a>,
+    decoder: IncrementalDecoder,
+    /// None for raw completions.
+    chat: Option<StreamParser>,
+    stop: StopStrings,
     format: &'a crate::chat::ChatFormat,
 }
 
 impl Pieces<'_> {
     fn push(&mut self, id: u32) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
-        match &mut self.raw {
-            Some(d) => Ok(text_event(d.push(self.format.tokenizer(), id)?)),
-            None => self.chat.push(id),
-        }
+        let text = self.decoder.push(self.format.tokenizer(), id)?;
+        let text = self.stop.push(&text);
+        Ok(self.emit(&text))
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
-        match &mut self.raw {
-            Some(d) => Ok(text_event(d.finish(self.format.tokenizer())?)),
-            None => self.chat.finish(),
+        let text = self.decoder.finish(self.format.tokenizer())?;
+        let mut text = self.stop.push(&text);
+        if self.stop.matched().is_none() {
+            text.push_str(&self.stop.finish());
+        }
+        let mut events = self.emit(&text);
+        if let Some(p) = &mut self.chat {
+            events.extend(p.finish());
+        }
+        Ok(events)
+    }
+
+    fn emit(&mut self, text: &str) -> Vec<StreamEvent> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        match &mut self.chat {
+            Some(p) => p.push(text),
+            None => text_event(text.to_string()),
         }
     }
+}
+
+/// The answer made of output ids: decoded (special tokens dropped), cut before the first stop
+/// string, parsed into reasoning / text / tool calls (or kept as plain text for raw completions).
+/// Returns the parsed output and the stop string that cut it.
+fn parse(
+    chat: &crate::chat::ChatFormat,
+    output_ids: &[u32],
+    stops: &[String],
+    parser: Option<StreamParser>,
+) -> Result<(ParsedOutput, Option<String>), crate::chat::ChatError> {
+    let text = chat.decode(output_ids, true)?;
+    let (text, stop) = truncate_at_stop(&text, stops);
+    let parsed = match parser {
+        Some(p) => p.parse_all(&text),
+        None => ParsedOutput {
+            content: text,
+            ..Default::default()
+        },
+    };
+    Ok((parsed, stop))
 }
 
 fn text_event(t: String) -> Vec<StreamEvent> {
@@ -477,16 +526,14 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         }
     };
     let ids = tool_call_ids(trial, api, index);
-    let parsed = if raw {
-        chat.decode(&out.output_ids, true).map(|content| ParsedOutput {
-            content,
-            ..Default::default()
-        })
+    let parser = if raw {
+        Ok(None)
     } else {
         chat.starts_in_reasoning(&conv, &opts)
-            .and_then(|r| chat.parse_output(&out.output_ids, ids, r, &conv.tools))
+            .map(|r| Some(chat.stream_parser(ids, r).with_tools(&conv.tools)))
     };
-    let parsed = match parsed {
+    let parsed = parser.and_then(|p| parse(chat, &out.output_ids, &record.sampling.stop, p));
+    let (parsed, stop_sequence) = match parsed {
         Ok(p) => p,
         Err(e) => {
             // The tokens were generated: keep them, and tell the client it was our fault.
@@ -526,6 +573,9 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         }
         .into(),
     );
+    if let Some(s) = &stop_sequence {
+        record.extra.insert("stop_string".into(), json!(s));
+    }
     if parsed.malformed_tool_calls > 0 {
         record
             .extra
@@ -542,6 +592,7 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         finish: out.finish_reason,
         index,
         parsed: parsed.clone(),
+        stop_sequence,
     };
     // The capture is complete before the harness sees a byte of the answer.
     // Plain completions are never spliced onto (no assistant message to match).

@@ -342,6 +342,46 @@ async fn openai_sdk_disconnect_cancels_the_generation_and_the_engine_keeps_servi
     check_capture(&gens[1], None, Some(&out["after"]["usage"]["completion"]));
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_sdk_stop_strings_end_the_output_and_are_cut_from_the_text() {
+    let (proxy, _backend, base) = start(cfg()).await;
+    let (token, trial) = proxy.register_trial("sdk/0/3");
+    // Scripts run on past their stop strings: the engine must end them there.
+    let scripts = ["One, two. END and more words", "One\ntwo, three\n\nfour five"];
+    trial.push_script(scripts.map(String::from));
+    let out = sdk(
+        "openai_client.py",
+        "stop",
+        &json!({"url": format!("{base}/t/{token}/v1")}),
+    )
+    .await;
+    let results = out["results"].as_array().unwrap();
+    // (The chat parser trims the content's trailing whitespace, as for any answer.)
+    let expected = [("One, two.", "END"), ("One\ntwo,", "three")];
+    let gens = trial.generations();
+    assert_eq!(gens.len(), 2);
+    for (i, (r, (content, stop))) in results.iter().zip(expected).enumerate() {
+        assert_eq!(
+            r["content"], content,
+            "OpenAI returns the text before the stop string"
+        );
+        assert_eq!(r["finish_reason"], "stop");
+        let g = &gens[index_of(&r["id"], "chatcmpl-") as usize];
+        check_capture(g, None, Some(&r["usage"]["completion"]));
+        assert_eq!(g.extra["stop_string"], stop);
+        // The capture is every token sampled, up to and including the one completing the stop
+        // string: a prefix of the script's tokens, whose text ends within that token.
+        let script_ids = chat().encode(scripts[i]).unwrap();
+        assert!(script_ids.starts_with(&g.output_ids), "{:?}", g.output_ids);
+        let text = decoded(g);
+        let before = chat()
+            .decode(&g.output_ids[..g.output_ids.len() - 1], false)
+            .unwrap();
+        assert!(text.contains(stop) && !before.contains(stop), "{text:?}");
+        assert!(text.starts_with(content));
+    }
+}
+
 /// A vLLM-shaped server whose generate endpoint fails with HTTP 500.
 async fn failing_vllm() -> String {
     use axum::routing::{get, post};
