@@ -26,7 +26,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::stop::StopStrings;
 use super::{
-    Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape, TokenSink,
+    Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape, SampledToken,
+    TokenSink,
 };
 use crate::chat::{ChatTokenizer, IncrementalDecoder};
 use crate::model::{ForwardInput, KvCache, Model};
@@ -356,12 +357,12 @@ fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq) {
         },
         None => sample(&logp, &seq.req, &mut seq.rng),
     };
+    let logprob = logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY);
     seq.output.push(next);
+    seq.logprobs.push(logprob);
     if let Some(sink) = &seq.sink {
-        let _ = sink.send(next);
+        let _ = sink.send(SampledToken { id: next, logprob });
     }
-    seq.logprobs
-        .push(logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY));
     seq.pending = Some(next);
     let max = seq.req.sampling.max_tokens.unwrap_or(1024) as usize;
     let forced_done = seq

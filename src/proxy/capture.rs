@@ -15,7 +15,7 @@ use crate::chat::{
     StreamEvent, StreamParser, ToolCallIds,
 };
 use crate::engine::stop::{truncate_at_stop, StopStrings};
-use crate::engine::{EngineError, FinishReason, GenerateRequest, TokenSink};
+use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
 use crate::records::{Generation, Packed, PromptMode, Sampling};
 
 /// One captured generation with what faithful prompting of the next turn needs.
@@ -124,10 +124,15 @@ pub(crate) struct Outcome {
 
 /// Records `client_disconnected` when dropped before [`InFlight::done`]: the request was
 /// prepared but its answer was never completed (the client went away, so the server dropped
-/// the request's future or its response stream).
+/// the request's future or its response stream). The record keeps the partial output: every
+/// token the backend had sent before the drop, with its log-prob (no routing: the engine
+/// returns routing only with a complete generation).
 struct InFlight {
     trial: Arc<Trial>,
     generation: Option<Generation>,
+    /// Tokens as the backend produces them (taken by the generation path).
+    tokens: Option<tokio::sync::mpsc::UnboundedReceiver<SampledToken>>,
+    received: Vec<SampledToken>,
 }
 
 impl InFlight {
@@ -139,6 +144,15 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(mut g) = self.generation.take() {
+            // Tokens sent but not yet read when the request was dropped belong to the output too.
+            if let Some(rx) = &mut self.tokens {
+                while let Ok(t) = rx.try_recv() {
+                    self.received.push(t);
+                }
+            }
+            g.output_ids = self.received.iter().map(|t| t.id).collect();
+            let lps: Vec<f32> = self.received.iter().map(|t| t.logprob).collect();
+            g.logprobs = Packed::f32_vec(&lps);
             g.status = Some("client_disconnected".into());
             g.finish_reason = "cancelled".into();
             self.trial
@@ -324,6 +338,8 @@ fn prepare_inner(
     let guard = InFlight {
         trial: trial.clone(),
         generation: Some(record.clone()),
+        tokens: None,
+        received: Vec::new(),
     };
     Ok(Prepared {
         trial: trial.clone(),
@@ -381,8 +397,8 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
             tokio::select! {
                 biased;
                 _ = tx.closed() => return,
-                Some(id) = tok_rx.recv() => {
-                    for ev in feed(parser.push(id)) {
+                Some(t) = tok_rx.recv() => {
+                    for ev in feed(parser.push(t.id)) {
                         if tx.send(Progress::Event(ev)).await.is_err() {
                             return;
                         }
@@ -393,8 +409,8 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
         };
         // Tokens sent before the generation finished but not yet read.
         let mut events = Vec::new();
-        while let Ok(id) = tok_rx.try_recv() {
-            events.extend(feed(parser.push(id)));
+        while let Ok(t) = tok_rx.try_recv() {
+            events.extend(feed(parser.push(t.id)));
         }
         events.extend(feed(parser.finish()));
         for ev in events {
@@ -497,17 +513,41 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         mut record,
         request,
         started,
-        guard,
+        mut guard,
         raw,
     } = p;
     let chat = &state.chat;
     let index = record.index;
     let trial = &trial;
     let prepared_s = started.elapsed().as_secs_f64();
-    let result = match tokens {
-        Some(sink) => state.backend.generate_streaming(request, sink).await,
-        None => state.backend.generate(request).await,
+    // Every request streams from the backend, so that a request dropped mid-generation (the
+    // client went away) still records the tokens generated so far; `tokens` (streaming answers)
+    // gets each one forwarded.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    guard.tokens = Some(rx);
+    let generation = state.backend.generate_streaming(request, tx);
+    tokio::pin!(generation);
+    let result = loop {
+        let rx = guard.tokens.as_mut().expect("invariant: set above");
+        tokio::select! {
+            biased;
+            Some(t) = rx.recv() => {
+                guard.received.push(t);
+                if let Some(sink) = &tokens {
+                    let _ = sink.send(t);
+                }
+            }
+            res = &mut generation => break res,
+        }
     };
+    // Tokens sent just before the generation finished.
+    if let Some(rx) = &mut guard.tokens {
+        while let Ok(t) = rx.try_recv() {
+            if let Some(sink) = &tokens {
+                let _ = sink.send(t);
+            }
+        }
+    }
     // From here on the capture is written below whatever happens (the client may still go away
     // while the answer is being sent; the generation is complete and recorded as such).
     guard.done();
