@@ -1,7 +1,12 @@
 //! The embedded engine: the tch Qwen3 / Qwen3-MoE model of [`crate::model`] serving
 //! token-level generations with a KV cache, seeded sampling (temperature, top-k, top-p, stop
-//! ids, max tokens), the log-prob of every output token and the routing of every forwarded
-//! position.
+//! ids, stop strings, max tokens), the log-prob of every output token and the routing of every
+//! forwarded position.
+//!
+//! Stop strings are matched on the output decoded with the checkpoint's `tokenizer.json` (special
+//! tokens skipped, see [`super::stop`]). The output ids keep every token the model sampled,
+//! including the one that completed the stop string (it may carry text beyond it): the capture is
+//! exactly what was sampled, and the proxy cuts the text it returns.
 //!
 //! One worker thread owns the model. Requests queue on a channel; the worker keeps every active
 //! sequence with its own KV cache and advances them one decode step each in turn, so a long
@@ -19,9 +24,12 @@ use futures::FutureExt;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
+use super::stop::StopStrings;
 use super::{
-    Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape, TokenSink,
+    Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape, SampledToken,
+    TokenSink,
 };
+use crate::chat::{ChatTokenizer, IncrementalDecoder};
 use crate::model::{ForwardInput, KvCache, Model};
 
 const NAME: &str = "embedded";
@@ -40,6 +48,8 @@ pub struct EmbeddedBackend {
     shape: Option<RoutingShape>,
     context: usize,
     counters: Arc<Counters>,
+    /// Whether the checkpoint has a tokenizer (needed for stop strings).
+    has_tokenizer: bool,
 }
 
 /// What the worker has done so far (tests and benchmarks read it).
@@ -74,12 +84,19 @@ impl EmbeddedBackend {
             top_k: model.lm.cfg.num_experts_per_tok.max(1) as usize,
         });
         let context = model.lm.cfg.max_position_embeddings as usize;
+        let tok_path = dir.join("tokenizer.json");
+        let tokenizer = if tok_path.exists() {
+            Some(ChatTokenizer::from_file(&tok_path).map_err(|e| failed(format!("{e:#}")))?)
+        } else {
+            None
+        };
+        let has_tokenizer = tokenizer.is_some();
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         std::thread::Builder::new()
             .name("lego-rl-engine".into())
-            .spawn(move || worker(model, rx, &c))
+            .spawn(move || worker(model, tokenizer, rx, &c))
             .map_err(|e| failed(e.to_string()))?;
         Ok(EmbeddedBackend {
             tx,
@@ -87,6 +104,7 @@ impl EmbeddedBackend {
             shape,
             context,
             counters,
+            has_tokenizer,
         })
     }
 
@@ -124,6 +142,15 @@ impl EmbeddedBackend {
             return Err(EngineError::ContextLength {
                 prompt: req.prompt_ids.len(),
                 context: self.context,
+            });
+        }
+        if !self.has_tokenizer && req.sampling.stop.iter().any(|s| !s.is_empty()) {
+            return Err(EngineError::Failed {
+                backend: NAME,
+                msg: format!(
+                    "stop strings need the tokenizer, but {} has no tokenizer.json",
+                    self.dir.display()
+                ),
             });
         }
         self.ask(|tx| Msg::Generate(req, tx, sink)).await
@@ -178,9 +205,11 @@ struct Seq {
     start: Instant,
     finish: Option<FinishReason>,
     cancelled: bool,
+    /// Decoder and matcher of the request's stop strings (None without any).
+    stop: Option<(IncrementalDecoder, StopStrings)>,
 }
 
-fn worker(mut model: Model, rx: mpsc::Receiver<Msg>, counters: &Counters) {
+fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver<Msg>, counters: &Counters) {
     let _guard = tch::no_grad_guard();
     let mut active: Vec<Seq> = Vec::new();
     let mut reload: Option<(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>)> = None;
@@ -227,7 +256,7 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>, counters: &Counters) {
                 seq.cancelled = true;
                 continue;
             }
-            step(&model, seq);
+            step(&model, tokenizer.as_ref(), seq);
             counters.forwards.fetch_add(1, Ordering::SeqCst);
         }
         let (done, rest): (Vec<Seq>, Vec<Seq>) = active.drain(..).partition(|s| s.finish.is_some());
@@ -248,6 +277,8 @@ fn worker(mut model: Model, rx: mpsc::Receiver<Msg>, counters: &Counters) {
 impl Seq {
     fn new(req: GenerateRequest, reply: Reply, sink: Option<TokenSink>, layers: usize) -> Self {
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
+        let stops = StopStrings::new(&req.sampling.stop);
+        let stop = (!stops.is_empty()).then(|| (IncrementalDecoder::new(true), stops));
         Seq {
             req,
             reply,
@@ -261,6 +292,7 @@ impl Seq {
             start: Instant::now(),
             finish: None,
             cancelled: false,
+            stop,
         }
     }
 
@@ -293,7 +325,7 @@ impl Seq {
 }
 
 /// Forwards the pending tokens (the prompt on the first step), then picks the next token.
-fn step(model: &Model, seq: &mut Seq) {
+fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq) {
     let device = model.device();
     let (ids, start): (Vec<i64>, i64) = match seq.pending {
         None => (seq.req.prompt_ids.iter().map(|&t| t as i64).collect(), 0),
@@ -325,12 +357,12 @@ fn step(model: &Model, seq: &mut Seq) {
         },
         None => sample(&logp, &seq.req, &mut seq.rng),
     };
+    let logprob = logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY);
     seq.output.push(next);
+    seq.logprobs.push(logprob);
     if let Some(sink) = &seq.sink {
-        let _ = sink.send(next);
+        let _ = sink.send(SampledToken { id: next, logprob });
     }
-    seq.logprobs
-        .push(logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY));
     seq.pending = Some(next);
     let max = seq.req.sampling.max_tokens.unwrap_or(1024) as usize;
     let forced_done = seq
@@ -338,11 +370,27 @@ fn step(model: &Model, seq: &mut Seq) {
         .forced_output
         .as_ref()
         .is_some_and(|f| seq.output.len() >= f.len());
-    if seq.req.stop_token_ids.contains(&next) || forced_done {
+    if seq.req.stop_token_ids.contains(&next) || forced_done || hit_stop_string(tokenizer, seq, next) {
         seq.finish = Some(FinishReason::Stop);
     } else if seq.req.forced_output.is_none() && seq.output.len() >= max {
         // A forced script is authoritative: max_tokens only bounds sampled output.
         seq.finish = Some(FinishReason::Length);
+    }
+}
+
+/// Whether the text of `next` completes one of the request's stop strings (also for forced
+/// tokens: a scripted continuation ends where a sampled one would).
+fn hit_stop_string(tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, next: u32) -> bool {
+    let (Some(tok), Some((decoder, stops))) = (tokenizer, seq.stop.as_mut()) else {
+        return false;
+    };
+    match decoder.push(tok, next) {
+        Ok(text) => {
+            stops.push(&text);
+            stops.matched().is_some()
+        }
+        // Undecodable ids cannot be text: nothing to match.
+        Err(_) => false,
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod embedded;
 pub mod npy;
 pub mod sglang;
+pub mod stop;
 pub mod vllm;
 
 use futures::future::BoxFuture;
@@ -19,6 +20,8 @@ use crate::records::Sampling;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
+    /// Sampling parameters; `sampling.stop` are stop strings: the output ends with the token
+    /// that completes one, and that token is part of the output (the proxy cuts the text).
     pub sampling: Sampling,
     /// Token ids that end generation (e.g. `<|im_end|>`); the stop token is part of the output.
     pub stop_token_ids: Vec<u32>,
@@ -115,8 +118,15 @@ pub enum EngineError {
     ReloadUnsupported { backend: &'static str, msg: String },
 }
 
-/// Where a streaming generation sends each output token id as soon as it is produced.
-pub type TokenSink = tokio::sync::mpsc::UnboundedSender<u32>;
+/// One output token as soon as it is produced: its id and log-prob (as in [`GenerateOutput`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampledToken {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+/// Where a streaming generation sends each output token as soon as it is produced.
+pub type TokenSink = tokio::sync::mpsc::UnboundedSender<SampledToken>;
 
 /// A token-level inference backend.
 pub trait Backend: Send + Sync {
@@ -134,8 +144,8 @@ pub trait Backend: Send + Sync {
     ) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
         Box::pin(async move {
             let out = self.generate(req).await?;
-            for &t in &out.output_ids {
-                let _ = tokens.send(t);
+            for (&id, &logprob) in out.output_ids.iter().zip(&out.logprobs) {
+                let _ = tokens.send(SampledToken { id, logprob });
             }
             Ok(out)
         })

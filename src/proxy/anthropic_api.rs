@@ -194,7 +194,7 @@ impl Writer {
                 v.push(ev(
                     "message_delta",
                     json!({"type": "message_delta",
-                        "delta": {"stop_reason": stop_reason(&out), "stop_sequence": null},
+                        "delta": {"stop_reason": stop_reason(&out), "stop_sequence": out.stop_sequence},
                         "usage": {"output_tokens": out.output_tokens}}),
                 ));
                 v.push(ev("message_stop", json!({"type": "message_stop"})));
@@ -225,6 +225,8 @@ fn delta(index: usize, d: Value) -> Event {
 fn stop_reason(out: &Outcome) -> &'static str {
     if !out.parsed.tool_calls.is_empty() {
         "tool_use"
+    } else if out.stop_sequence.is_some() {
+        "stop_sequence"
     } else if out.finish == crate::engine::FinishReason::Length {
         "max_tokens"
     } else {
@@ -255,7 +257,7 @@ fn blocks(out: &Outcome) -> Vec<Value> {
 fn message(model: &str, out: &Outcome) -> Value {
     json!({
         "id": id(out), "type": "message", "role": "assistant", "model": model,
-        "content": blocks(out), "stop_reason": stop_reason(out), "stop_sequence": null,
+        "content": blocks(out), "stop_reason": stop_reason(out), "stop_sequence": out.stop_sequence,
         "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.output_tokens},
     })
 }

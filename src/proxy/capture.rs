@@ -12,9 +12,10 @@ use serde_json::{json, Value};
 use super::{ProxyError, State};
 use crate::chat::{
     Conversation, IncrementalDecoder, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role,
-    StreamEvent, ToolCallIds,
+    StreamEvent, StreamParser, ToolCallIds,
 };
-use crate::engine::{EngineError, FinishReason, GenerateRequest, TokenSink};
+use crate::engine::stop::{truncate_at_stop, StopStrings};
+use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
 use crate::records::{Generation, Packed, PromptMode, Sampling};
 
 /// One captured generation with what faithful prompting of the next turn needs.
@@ -117,14 +118,21 @@ pub(crate) struct Outcome {
     pub output_tokens: usize,
     pub finish: FinishReason,
     pub index: u32,
+    /// The stop string (`stop` / `stop_sequences`) that ended the output, cut from the text.
+    pub stop_sequence: Option<String>,
 }
 
 /// Records `client_disconnected` when dropped before [`InFlight::done`]: the request was
 /// prepared but its answer was never completed (the client went away, so the server dropped
-/// the request's future or its response stream).
+/// the request's future or its response stream). The record keeps the partial output: every
+/// token the backend had sent before the drop, with its log-prob (no routing: the engine
+/// returns routing only with a complete generation).
 struct InFlight {
     trial: Arc<Trial>,
     generation: Option<Generation>,
+    /// Tokens as the backend produces them (taken by the generation path).
+    tokens: Option<tokio::sync::mpsc::UnboundedReceiver<SampledToken>>,
+    received: Vec<SampledToken>,
 }
 
 impl InFlight {
@@ -136,6 +144,15 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(mut g) = self.generation.take() {
+            // Tokens sent but not yet read when the request was dropped belong to the output too.
+            if let Some(rx) = &mut self.tokens {
+                while let Ok(t) = rx.try_recv() {
+                    self.received.push(t);
+                }
+            }
+            g.output_ids = self.received.iter().map(|t| t.id).collect();
+            let lps: Vec<f32> = self.received.iter().map(|t| t.logprob).collect();
+            g.logprobs = Packed::f32_vec(&lps);
             g.status = Some("client_disconnected".into());
             g.finish_reason = "cancelled".into();
             self.trial
@@ -347,6 +364,8 @@ fn prepare_inner(
     let guard = InFlight {
         trial: trial.clone(),
         generation: Some(record.clone()),
+        tokens: None,
+        received: Vec::new(),
     };
     Ok(Prepared {
         trial: trial.clone(),
@@ -378,8 +397,14 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
         let starts_in_reasoning = !p.raw && state.chat.starts_in_reasoning(&p.conv, &p.opts).unwrap_or(false);
         let tools = p.conv.tools.clone();
         let mut parser = Pieces {
-            raw: p.raw.then(|| IncrementalDecoder::new(true)),
-            chat: state.chat.output_stream(ids, starts_in_reasoning, &tools),
+            decoder: IncrementalDecoder::new(true),
+            chat: (!p.raw).then(|| {
+                state
+                    .chat
+                    .stream_parser(ids, starts_in_reasoning)
+                    .with_tools(&tools)
+            }),
+            stop: StopStrings::new(&p.record.sampling.stop),
             format: &state.chat,
         };
         let (tok_tx, mut tok_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -398,8 +423,8 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
             tokio::select! {
                 biased;
                 _ = tx.closed() => return,
-                Some(id) = tok_rx.recv() => {
-                    for ev in feed(parser.push(id)) {
+                Some(t) = tok_rx.recv() => {
+                    for ev in feed(parser.push(t.id)) {
                         if tx.send(Progress::Event(ev)).await.is_err() {
                             return;
                         }
@@ -410,8 +435,8 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
         };
         // Tokens sent before the generation finished but not yet read.
         let mut events = Vec::new();
-        while let Ok(id) = tok_rx.try_recv() {
-            events.extend(feed(parser.push(id)));
+        while let Ok(t) = tok_rx.try_recv() {
+            events.extend(feed(parser.push(t.id)));
         }
         events.extend(feed(parser.finish()));
         for ev in events {
@@ -424,27 +449,67 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
     rx
 }
 
-/// Output tokens → stream events: chat parsing, or plain text for raw completions.
+/// Output tokens → stream events: incremental decoding (special tokens dropped), stop strings
+/// cut (text that may start one is held back), then chat parsing — or plain text for raw
+/// completions. The events add up to what [`parse`] makes of the same ids.
 struct Pieces<'a> {
-    raw: Option<IncrementalDecoder>,
-    chat: crate::chat::OutputStream<'a>,
+    decoder: IncrementalDecoder,
+    /// None for raw completions.
+    chat: Option<StreamParser>,
+    stop: StopStrings,
     format: &'a crate::chat::ChatFormat,
 }
 
 impl Pieces<'_> {
     fn push(&mut self, id: u32) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
-        match &mut self.raw {
-            Some(d) => Ok(text_event(d.push(self.format.tokenizer(), id)?)),
-            None => self.chat.push(id),
-        }
+        let text = self.decoder.push(self.format.tokenizer(), id)?;
+        let text = self.stop.push(&text);
+        Ok(self.emit(&text))
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
-        match &mut self.raw {
-            Some(d) => Ok(text_event(d.finish(self.format.tokenizer())?)),
-            None => self.chat.finish(),
+        let text = self.decoder.finish(self.format.tokenizer())?;
+        let mut text = self.stop.push(&text);
+        if self.stop.matched().is_none() {
+            text.push_str(&self.stop.finish());
+        }
+        let mut events = self.emit(&text);
+        if let Some(p) = &mut self.chat {
+            events.extend(p.finish());
+        }
+        Ok(events)
+    }
+
+    fn emit(&mut self, text: &str) -> Vec<StreamEvent> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        match &mut self.chat {
+            Some(p) => p.push(text),
+            None => text_event(text.to_string()),
         }
     }
+}
+
+/// The answer made of output ids: decoded (special tokens dropped), cut before the first stop
+/// string, parsed into reasoning / text / tool calls (or kept as plain text for raw completions).
+/// Returns the parsed output and the stop string that cut it.
+fn parse(
+    chat: &crate::chat::ChatFormat,
+    output_ids: &[u32],
+    stops: &[String],
+    parser: Option<StreamParser>,
+) -> Result<(ParsedOutput, Option<String>), crate::chat::ChatError> {
+    let text = chat.decode(output_ids, true)?;
+    let (text, stop) = truncate_at_stop(&text, stops);
+    let parsed = match parser {
+        Some(p) => p.parse_all(&text),
+        None => ParsedOutput {
+            content: text,
+            ..Default::default()
+        },
+    };
+    Ok((parsed, stop))
 }
 
 fn text_event(t: String) -> Vec<StreamEvent> {
@@ -474,17 +539,41 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         mut record,
         request,
         started,
-        guard,
+        mut guard,
         raw,
     } = p;
     let chat = &state.chat;
     let index = record.index;
     let trial = &trial;
     let prepared_s = started.elapsed().as_secs_f64();
-    let result = match tokens {
-        Some(sink) => state.backend.generate_streaming(request, sink).await,
-        None => state.backend.generate(request).await,
+    // Every request streams from the backend, so that a request dropped mid-generation (the
+    // client went away) still records the tokens generated so far; `tokens` (streaming answers)
+    // gets each one forwarded.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    guard.tokens = Some(rx);
+    let generation = state.backend.generate_streaming(request, tx);
+    tokio::pin!(generation);
+    let result = loop {
+        let rx = guard.tokens.as_mut().expect("invariant: set above");
+        tokio::select! {
+            biased;
+            Some(t) = rx.recv() => {
+                guard.received.push(t);
+                if let Some(sink) = &tokens {
+                    let _ = sink.send(t);
+                }
+            }
+            res = &mut generation => break res,
+        }
     };
+    // Tokens sent just before the generation finished.
+    if let Some(rx) = &mut guard.tokens {
+        while let Ok(t) = rx.try_recv() {
+            if let Some(sink) = &tokens {
+                let _ = sink.send(t);
+            }
+        }
+    }
     // From here on the capture is written below whatever happens (the client may still go away
     // while the answer is being sent; the generation is complete and recorded as such).
     guard.done();
@@ -503,16 +592,14 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         }
     };
     let ids = tool_call_ids(trial, api, index);
-    let parsed = if raw {
-        chat.decode(&out.output_ids, true).map(|content| ParsedOutput {
-            content,
-            ..Default::default()
-        })
+    let parser = if raw {
+        Ok(None)
     } else {
         chat.starts_in_reasoning(&conv, &opts)
-            .and_then(|r| chat.parse_output(&out.output_ids, ids, r, &conv.tools))
+            .map(|r| Some(chat.stream_parser(ids, r).with_tools(&conv.tools)))
     };
-    let parsed = match parsed {
+    let parsed = parser.and_then(|p| parse(chat, &out.output_ids, &record.sampling.stop, p));
+    let (parsed, stop_sequence) = match parsed {
         Ok(p) => p,
         Err(e) => {
             // The tokens were generated: keep them, and tell the client it was our fault.
@@ -552,6 +639,9 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         }
         .into(),
     );
+    if let Some(s) = &stop_sequence {
+        record.extra.insert("stop_string".into(), json!(s));
+    }
     if parsed.malformed_tool_calls > 0 {
         record
             .extra
@@ -568,6 +658,7 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         finish: out.finish_reason,
         index,
         parsed: parsed.clone(),
+        stop_sequence,
     };
     // The capture is complete before the harness sees a byte of the answer.
     // Plain completions are never spliced onto (no assistant message to match).

@@ -5,6 +5,7 @@ mod chat;
 mod cli;
 mod common;
 mod docs;
+mod engine;
 mod filter_tasks;
 mod harnesses;
 mod io;

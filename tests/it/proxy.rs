@@ -438,3 +438,48 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anthropic_stop_sequences_answer_stop_sequence_and_cut_the_text() {
+    let (proxy, base) = start(cfg()).await;
+    let (token, trial) = proxy.register_trial("stop");
+    trial.push_script([
+        "Alpha beta</done> gamma".to_string(),
+        "Alpha beta</done> gamma".to_string(),
+    ]);
+    let body = |stream: bool| {
+        json!({"model": "claude", "max_tokens": 64, "stream": stream, "stop_sequences": ["</done>", "zzz"],
+            "messages": [{"role": "user", "content": "go"}]})
+    };
+    let (status, resp) = post(&format!("{base}/t/{token}/v1/messages"), &body(false)).await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["stop_reason"], "stop_sequence");
+    assert_eq!(resp["stop_sequence"], "</done>");
+    assert_eq!(resp["content"][0]["text"], "Alpha beta");
+    let r = reqwest::Client::new()
+        .post(format!("{base}/t/{token}/v1/messages"))
+        .json(&body(true))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    let streamed: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["delta"]["type"] == "text_delta")
+        .map(|v| v["delta"]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(streamed, "Alpha beta", "the stop string never streams: {text}");
+    assert!(
+        text.contains(r#""stop_reason":"stop_sequence","stop_sequence":"</done>""#),
+        "{text}"
+    );
+    for g in trial.generations() {
+        assert_eq!(g.extra["stop_string"], "</done>");
+        let out = chat().decode(&g.output_ids, false).unwrap();
+        assert!(out.ends_with("</done>") || out.contains("</done>"), "{out}");
+        assert!(!out.contains("gamma") && !out.contains("<|im_end|>"), "{out}");
+        assert_eq!(g.logprobs.to_f32().unwrap().len(), g.output_ids.len());
+    }
+}

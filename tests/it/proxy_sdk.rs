@@ -337,9 +337,130 @@ async fn openai_sdk_disconnect_cancels_the_generation_and_the_engine_keeps_servi
     let gens = trial.generations();
     assert_eq!(gens.len(), 2);
     assert_eq!(gens[0].status.as_deref(), Some("client_disconnected"));
-    assert!(gens[0].output_ids.is_empty());
     assert!(!gens[0].prompt_ids.is_empty());
+    // The partial output is kept: at least the tokens the client read, as scripted.
+    check_partial(&gens[0], 3, &"word ".repeat(3000));
     check_capture(&gens[1], None, Some(&out["after"]["usage"]["completion"]));
+}
+
+/// A cancelled generation's capture: the tokens generated before the client left (at least
+/// `min`), a prefix of the scripted ones, each with its log-prob.
+fn check_partial(g: &Generation, min: usize, script: &str) {
+    assert_eq!(g.finish_reason, "cancelled");
+    assert!(g.output_ids.len() >= min, "{} tokens kept", g.output_ids.len());
+    let script_ids = chat().encode(script).unwrap();
+    assert!(script_ids.starts_with(&g.output_ids), "{:?}", g.output_ids);
+    let lps = g.logprobs.to_f32().unwrap();
+    assert_eq!(lps.len(), g.output_ids.len());
+    assert!(lps.iter().all(|l| l.is_finite() && *l <= 0.0), "{lps:?}");
+}
+
+/// A client of a non-streaming request that closes its socket mid-generation (a harness that
+/// gives up waiting): the generation is cancelled, the capture keeps its partial output and is
+/// marked `client_disconnected`, and the engine keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_streaming_client_that_disconnects_cancels_the_generation_and_keeps_its_partial_output() {
+    use tokio::io::AsyncWriteExt;
+    let (proxy, backend, base) = start(cfg()).await;
+    let (token, trial) = proxy.register_trial("sdk/0/4");
+    let script = "word ".repeat(3000);
+    trial.push_script([script.clone()]);
+    let addr = base.strip_prefix("http://").unwrap();
+    let body = json!({"model": "qwen3", "messages": [{"role": "user", "content": "Write a long essay."}]})
+        .to_string();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /t/{token}/v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(format!("{head}{body}").as_bytes()).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let wait = |what: &str| {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            backend.counts()
+        )
+    };
+    // Well into the generation (prefill + 20 decode steps, each token sent before it is
+    // counted), the client goes away without reading a byte.
+    while backend.counts().forwards < 21 {
+        wait("generation not started");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(sock);
+    while backend.counts().cancelled == 0 || trial.generations().is_empty() {
+        wait("generation not cancelled");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let counts = backend.counts();
+    assert_eq!(
+        (counts.cancelled, counts.completed, counts.active),
+        (1, 0, 0),
+        "{counts:?}"
+    );
+    assert!(counts.forwards < 3000, "stopped early: {counts:?}");
+    let g = &trial.generations()[0];
+    assert_eq!(g.status.as_deref(), Some("client_disconnected"));
+    check_partial(g, 20, &script);
+    assert!(g.output_ids.len() as u64 <= counts.forwards);
+    // The engine keeps serving.
+    let r = reqwest::Client::new()
+        .post(format!("{base}/t/{token}/v1/chat/completions"))
+        .json(&json!({"model": "qwen3", "max_tokens": 3, "messages": [{"role": "user", "content": "Briefly."}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let gens = trial.generations();
+    assert_eq!(gens.len(), 2);
+    check_capture(
+        &gens[1],
+        Some(&v["usage"]["prompt_tokens"]),
+        Some(&v["usage"]["completion_tokens"]),
+    );
+    assert_eq!(backend.counts().completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_sdk_stop_strings_end_the_output_and_are_cut_from_the_text() {
+    let (proxy, _backend, base) = start(cfg()).await;
+    let (token, trial) = proxy.register_trial("sdk/0/3");
+    // Scripts run on past their stop strings: the engine must end them there.
+    let scripts = ["One, two. END and more words", "One\ntwo, three\n\nfour five"];
+    trial.push_script(scripts.map(String::from));
+    let out = sdk(
+        "openai_client.py",
+        "stop",
+        &json!({"url": format!("{base}/t/{token}/v1")}),
+    )
+    .await;
+    let results = out["results"].as_array().unwrap();
+    // (The chat parser trims the content's trailing whitespace, as for any answer.)
+    let expected = [("One, two.", "END"), ("One\ntwo,", "three")];
+    let gens = trial.generations();
+    assert_eq!(gens.len(), 2);
+    for (i, (r, (content, stop))) in results.iter().zip(expected).enumerate() {
+        assert_eq!(
+            r["content"], content,
+            "OpenAI returns the text before the stop string"
+        );
+        assert_eq!(r["finish_reason"], "stop");
+        let g = &gens[index_of(&r["id"], "chatcmpl-") as usize];
+        check_capture(g, None, Some(&r["usage"]["completion"]));
+        assert_eq!(g.extra["stop_string"], stop);
+        // The capture is every token sampled, up to and including the one completing the stop
+        // string: a prefix of the script's tokens, whose text ends within that token.
+        let script_ids = chat().encode(scripts[i]).unwrap();
+        assert!(script_ids.starts_with(&g.output_ids), "{:?}", g.output_ids);
+        let text = decoded(g);
+        let before = chat()
+            .decode(&g.output_ids[..g.output_ids.len() - 1], false)
+            .unwrap();
+        assert!(text.contains(stop) && !before.contains(stop), "{text:?}");
+        assert!(text.starts_with(content));
+    }
 }
 
 /// A vLLM-shaped server whose generate endpoint fails with HTTP 500.

@@ -236,6 +236,20 @@ def disconnect(cfg):
     return {"received": received, "after": summary(r)}
 
 
+def stop(cfg):
+    """Stop strings: `stop` as a string and as a list, not streamed and streamed (scripted outputs)."""
+    c = client(cfg["url"])
+    msgs = [{"role": "user", "content": "Count."}]
+    r = c.chat.completions.create(model="qwen3", messages=msgs, stop="END")
+    one = summary(r)
+    assert one["finish_reason"] == "stop", one
+    stream = c.chat.completions.create(
+        model="qwen3", messages=msgs, stop=["\n\n", "three"], stream=True, stream_options={"include_usage": True}
+    )
+    two = collect_stream(stream)
+    return {"results": [one, two]}
+
+
 def completions(cfg):
     """The legacy text completions API: raw prompts, no chat template."""
     from openai.types import Completion
@@ -314,5 +328,5 @@ def errors(cfg):
 
 if __name__ == "__main__":
     scenario, config = sys.argv[1], json.loads(open(sys.argv[2]).read())
-    result = {"chat": chat, "completions": completions, "concurrent": concurrent, "disconnect": disconnect, "errors": errors}[scenario](config)
+    result = {"chat": chat, "completions": completions, "concurrent": concurrent, "disconnect": disconnect, "errors": errors, "stop": stop}[scenario](config)
     print(json.dumps(result))
