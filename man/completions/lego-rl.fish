@@ -113,7 +113,7 @@ eval\t''"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l temperature -d 'Sampling temperature (default 1.0 for train, 0.7 for eval); requests may override it' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l top-p -d 'Nucleus sampling' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-tokens -d 'Default max output tokens per call (requests may override it)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l seed -d 'Sampling seed of every model call (reproducible runs; identical prompts then sample identically, so leave it unset for training groups)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l seed -d 'Sampling seed for reproducible runs: each model call samples with this seed mixed with its trial id and call index, so a rerun samples the same while the members of a group still differ. A seed sent by the harness itself is used as is' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-turns -d 'Turn budget (overrides the adapter\'s max_turns)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l agent-timeout -d 'Agent stage time limit in seconds (overrides the tasks\' timeouts.agent_s)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l forced -d 'Scripted model outputs per task (JSON, lego-rl/forced/v1)' -r -F

@@ -129,7 +129,9 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
         }
     }
     let mut task = super::swebench::from_map(&dir, 0, map).map_err(|e| match e {
-        TaskError::MissingField { field, .. } => err(format!("{TASK_FILE}: missing required field `{field}`")),
+        TaskError::MissingField { field, .. } => {
+            err(format!("{TASK_FILE}: missing required field `{field}`"))
+        }
         TaskError::BadField { field, msg, .. } => err(format!("field `{field}`: {msg}")),
         other => other,
     })?;
@@ -191,8 +193,16 @@ mod tests {
                 assert_eq!(got.metadata.get(k), want.metadata.get(k), "{}: {k}", want.id);
             }
             assert_eq!(got.metadata["split"], "test");
-            assert!(got.metadata["eval_script"].as_str().unwrap().starts_with("#!/bin/bash"));
-            assert!(got.environment.dockerfile.as_deref().unwrap().starts_with("FROM "));
+            assert!(got.metadata["eval_script"]
+                .as_str()
+                .unwrap()
+                .starts_with("#!/bin/bash"));
+            assert!(got
+                .environment
+                .dockerfile
+                .as_deref()
+                .unwrap()
+                .starts_with("FROM "));
             assert_eq!(
                 got.environment.context.as_deref(),
                 Some(std::fs::canonicalize(dir).unwrap().to_str().unwrap())
@@ -205,9 +215,16 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path().join("tasks").join("o__r-1");
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join(TASK_FILE), "instance_id: o__r-1\nrepo: o/r\nbase_commit: abc1234\n").unwrap();
+        std::fs::write(
+            d.join(TASK_FILE),
+            "instance_id: o__r-1\nrepo: o/r\nbase_commit: abc1234\n",
+        )
+        .unwrap();
         let e = load(&d).unwrap_err().to_string();
-        assert!(e.ends_with("o__r-1: cannot read task directory: gold.patch is missing"), "{e}");
+        assert!(
+            e.ends_with("o__r-1: cannot read task directory: gold.patch is missing"),
+            "{e}"
+        );
         for (f, text) in [
             ("gold.patch", "diff --git a/m.py b/m.py\r\n"),
             ("test.patch", "diff --git a/tests/t.py b/tests/t.py\n"),
@@ -220,11 +237,21 @@ mod tests {
         assert!(e.ends_with("tests.json is missing"), "{e}");
         std::fs::write(d.join("tests.json"), r#"{"FAIL_TO_PASS": 3, "PASS_TO_PASS": []}"#).unwrap();
         let e = load(&d).unwrap_err().to_string();
-        assert!(e.contains("field `FAIL_TO_PASS`: expected an array of strings"), "{e}");
-        std::fs::write(d.join("tests.json"), r#"{"FAIL_TO_PASS": ["t"], "PASS_TO_PASS": []}"#).unwrap();
+        assert!(
+            e.contains("field `FAIL_TO_PASS`: expected an array of strings"),
+            "{e}"
+        );
+        std::fs::write(
+            d.join("tests.json"),
+            r#"{"FAIL_TO_PASS": ["t"], "PASS_TO_PASS": []}"#,
+        )
+        .unwrap();
         std::fs::write(d.join(TASK_FILE), "- not\n- a mapping\n").unwrap();
         let e = load(&d).unwrap_err().to_string();
-        assert!(e.ends_with("task.yaml: expected a mapping of fields, found a list"), "{e}");
+        assert!(
+            e.ends_with("task.yaml: expected a mapping of fields, found a list"),
+            "{e}"
+        );
         std::fs::write(
             d.join(TASK_FILE),
             "instance_id: o__r-1\nrepo: o/r\nbase_commit: abc1234\nversion: '1.0'\nimage: swebench/x:latest\n",

@@ -157,11 +157,17 @@ fn a_swebench_task_repository_filters_like_its_jsonl() {
                 )
             })
             .collect();
-        (read_jsonl(&out), std::fs::read_to_string(&funnel).unwrap(), decided)
+        (
+            read_jsonl(&out),
+            std::fs::read_to_string(&funnel).unwrap(),
+            decided,
+        )
     };
     let (repo_kept, repo_funnel, repo_decided) = run(testdata("swebench/task-repo"), "repo");
-    let (line_kept, line_funnel, mut line_decided) =
-        run(testdata("swebench/swebench_full_test__swe-agent-debug.jsonl"), "jsonl");
+    let (line_kept, line_funnel, mut line_decided) = run(
+        testdata("swebench/swebench_full_test__swe-agent-debug.jsonl"),
+        "jsonl",
+    );
     assert_eq!(repo_funnel, line_funnel);
     // Directories are read in name order, JSONL lines in file order.
     line_decided.sort();
@@ -174,12 +180,23 @@ fn a_swebench_task_repository_filters_like_its_jsonl() {
     assert!(!repo_kept.is_empty());
     for t in &repo_kept {
         let same = line_kept.iter().find(|l| l["id"] == t["id"]).unwrap();
-        for k in ["repo", "base_commit", "instruction", "gold_patch", "test_patch", "fail_to_pass", "pass_to_pass"] {
+        for k in [
+            "repo",
+            "base_commit",
+            "instruction",
+            "gold_patch",
+            "test_patch",
+            "fail_to_pass",
+            "pass_to_pass",
+        ] {
             assert_eq!(t[k], same[k], "{}: {k}", t["id"]);
         }
         assert_eq!(t["metadata"]["version"], same["metadata"]["version"]);
         assert_eq!(t["metadata"]["split"], "test");
-        assert!(t["environment"]["dockerfile"].as_str().unwrap().starts_with("FROM swebench/"));
+        assert!(t["environment"]["dockerfile"]
+            .as_str()
+            .unwrap()
+            .starts_with("FROM swebench/"));
     }
     // One task directory alone is an input too.
     let one = testdata("swebench/task-repo/tasks/django__django-15136");
