@@ -85,6 +85,17 @@ fn tool_outputs(request: &Value) -> Vec<String> {
     out
 }
 
+/// The tool names a request offers; `name_at` is the JSON pointer of a tool's name (Anthropic
+/// `/name`, OpenAI `/function/name`).
+fn tool_names<'a>(request: &'a Value, name_at: &str) -> Vec<&'a str> {
+    request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.pointer(name_at).and_then(Value::as_str))
+        .collect()
+}
+
 /// Runs one trial of `harness` on the inflection task; returns the trajectory and the temp dir.
 fn episode(harness: &str) -> (Trajectory, tempfile::TempDir) {
     let fx = fixture();
@@ -235,12 +246,7 @@ fn claude_code_episode_inspects_edits_tests_and_gets_reward_1() {
     let first = &t.generations[0];
     assert_eq!(first.api, "anthropic");
     // The real CLI's request: its own system prompt and tool set, the task as the last user block.
-    let tools: Vec<&str> = first.request["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t["name"].as_str())
-        .collect();
+    let tools = tool_names(&first.request, "/name");
     assert!(tools.contains(&"Bash") && tools.contains(&"Edit"), "{tools:?}");
     assert!(first.request["messages"][0]
         .to_string()
@@ -256,12 +262,7 @@ fn openhands_sdk_episode_inspects_edits_tests_and_gets_reward_1() {
     check_episode("openhands-sdk", &t, dir.path(), "tool_calls");
     let first = &t.generations[0];
     assert_eq!(first.api, "openai");
-    let tools: Vec<&str> = first.request["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t["function"]["name"].as_str())
-        .collect();
+    let tools = tool_names(&first.request, "/function/name");
     assert!(
         tools.contains(&"terminal") && tools.contains(&"finish"),
         "{tools:?}"
