@@ -357,19 +357,33 @@ async fn scripted_harness_captures_align_token_exactly_and_replay_matches_the_tr
     // The trainer's π_old pass (packed sequences, replayed routing) reproduces the rollout
     // log-probs of every policy token. Tolerance 1e-4: decode-time (KV cache) vs one packed
     // forward in f32 on CPU.
-    let mut trainer = Trainer::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
-    let metrics = trainer
-        .step(&samples, &p("s1.jsonl.zst"), &Settings::default())
-        .unwrap();
-    assert_eq!(metrics.policy_tokens, all.policy_tokens);
+    eprintln!("align totals: {}", serde_json::to_string(&all).unwrap());
+    assert_trainer_reproduces_rollout(
+        &crate::model::tiny_moe(),
+        &samples,
+        &p("s1.jsonl.zst"),
+        all.policy_tokens,
+    );
+}
+
+/// The trainer's π_old pass over `samples` (packed sequences, replayed routing) covers
+/// `policy_tokens` tokens and reproduces every rollout log-prob within 1e-4 (KV-cache decode vs
+/// one packed forward in f32 on CPU); its own router agrees with the recorded routing.
+pub(crate) fn assert_trainer_reproduces_rollout(
+    model: &Path,
+    samples: &[Sample],
+    out: &Path,
+    policy_tokens: u64,
+) {
+    let mut trainer = Trainer::load(model, Device::Cpu, None).unwrap();
+    let metrics = trainer.step(samples, out, &Settings::default()).unwrap();
+    assert_eq!(metrics.policy_tokens, policy_tokens);
     let diff = metrics.logprob_max_abs_diff.unwrap();
     eprintln!(
-        "align totals: {}\ntrainer vs rollout: max |Δ logprob| = {diff:e}, expert overlap {:?}",
-        serde_json::to_string(&all).unwrap(),
+        "trainer vs rollout: max |Δ logprob| = {diff:e}, expert overlap {:?}",
         metrics.expert_overlap
     );
     assert!(diff < 1e-4, "trainer vs rollout log-probs differ by {diff}");
-    // The trainer's own router agrees with the replayed (recorded) routing.
     assert!(
         metrics.expert_overlap.unwrap() >= 0.99,
         "{:?}",
