@@ -42,6 +42,7 @@ fn signature(files: &RunFiles) -> Signature {
         .iter()
         .chain(&files.samples)
         .chain(&files.align_stats)
+        .chain(&files.eval)
         .map(|(_, p)| p)
         .chain(&files.metrics)
         .chain(&files.validation);

@@ -322,6 +322,15 @@ fn live_server_follows_a_growing_run() {
     let v = summary(&addr);
     assert_eq!(v["trajectory_count"], 19, "new records seen, torn frame ignored");
     assert_eq!(v["steps"][1]["trajectories"], 3);
+    // A held-out evaluation of checkpoint 1 appears too (eval/ is part of the cache key).
+    std::fs::create_dir_all(run.join("eval")).unwrap();
+    let (mut w, _) = AppendWriter::open(&run.join("eval/step-000001.jsonl.zst")).unwrap();
+    for i in 0..2 {
+        w.push(&trajectory(&s, 1, i, 0, i)).unwrap();
+    }
+    w.commit().unwrap();
+    let v = summary(&addr);
+    assert_eq!(v["steps"][1]["eval_trajectories"], 2, "{}", v["steps"][1]);
     // Details load lazily, by id.
     let id = "owner__repo1-101/101/0";
     let (status, body) = http_get(&addr, &format!("/api/trajectory?id={}", enc(id)));
