@@ -147,8 +147,11 @@ pub fn spawn(path: PathBuf) -> Result<Chunks, IoError> {
         loop {
             let mut buf = spent.try_recv().unwrap_or_else(|_| vec![0u8; CHUNK_BYTES]);
             // A line longer than a chunk: grow until it fits (initialised once, then reused).
-            if buf.len() < carry.len() + (1 << 20) {
-                buf.resize(carry.len() + (1 << 20), 0);
+            // Geometric growth (room for at least as much again as the carry), so a line of n
+            // bytes costs O(n) copying in all, not O(n²) through 1 MiB steps.
+            let want = carry.len() + carry.len().max(1 << 20);
+            if buf.len() < want {
+                buf.resize(want, 0);
             }
             buf[..carry.len()].copy_from_slice(&carry);
             let mut filled = carry.len();
