@@ -379,3 +379,50 @@ fn an_unparseable_request_is_dropped_not_guessed() {
     assert_eq!(stats.dropped_by_reason.get("unparseable_request"), Some(&1));
     assert_eq!(stats.dropped_tokens, 1);
 }
+
+#[test]
+fn a_turn_cut_at_a_stop_string_links_by_the_text_the_client_was_given() {
+    // The engine keeps the token that completed a stop string (and what came with it); the
+    // proxy answered the text before it, and that is what the harness echoes.
+    let chat = crate::chat::ChatFormat::from_model_dir(&crate::chat::testdata("tokenizer/qwen3")).unwrap();
+    let user = json!({"role": "user", "content": "u"});
+    let prompt0 = chat
+        .encode("<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n")
+        .unwrap();
+    let output0 = chat
+        .encode("Looking at it.\nOBSERVATION: made up<|im_end|>")
+        .unwrap();
+    let mut g0 = generation(
+        0,
+        "openai",
+        chat_request(json!([user])),
+        prompt0.clone(),
+        output0.clone(),
+        vec![],
+    );
+    g0.sampling.stop = vec!["OBSERVATION:".into()];
+    let echoed = json!({"role": "assistant", "content": "Looking at it.\n"});
+    let mut prompt1 = [prompt0, output0].concat();
+    prompt1.extend(
+        chat.encode("\n<|im_start|>user\nv<|im_end|>\n<|im_start|>assistant\n")
+            .unwrap(),
+    );
+    let g1 = generation(
+        1,
+        "openai",
+        chat_request(json!([user, echoed, {"role": "user", "content": "v"}])),
+        prompt1,
+        chat.encode("Done.<|im_end|>").unwrap(),
+        vec![],
+    );
+    let t = trajectory(vec![g0, g1]);
+    let settings = Settings {
+        chat: Some(chat),
+        ..Settings::default()
+    };
+    let (samples, stats) = align_trajectory(&t, &settings).unwrap();
+    assert_eq!(samples.len(), 1, "{stats:?}");
+    assert_eq!((stats.aligned_turns, stats.dropped_turns), (2, 0));
+    assert_eq!(stats.tool_call_mismatches, 0);
+    assert!(stats.segment_breaks.is_empty(), "{:?}", stats.segment_breaks);
+}

@@ -112,7 +112,8 @@ fn decode_routing(t: &Trajectory, pos: usize, g: &Generation) -> Result<Option<R
     }))
 }
 
-/// The generation's output as the proxy returned it (reasoning, text, calls with its ids).
+/// The generation's output as the proxy returned it (reasoning, text, calls with its ids; cut at
+/// its stop strings).
 fn decode_captured(
     chat: &crate::chat::ChatFormat,
     t: &Trajectory,
@@ -130,6 +131,9 @@ fn decode_captured(
             ToolCallIds::new(t.id.clone(), g.index as u64),
             parse::ends_inside_think(&prompt_tail),
             &conv.tools,
+            // Cut where the proxy cut the answer: the harness echoes the text without the stop
+            // string (and whatever the engine produced with the token that completed it).
+            &g.sampling.stop,
         )
         .map_err(|e| bad(t, pos, "output_ids", e.to_string()))?;
     let mut m = parsed.to_message();
@@ -344,7 +348,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
     stats.threads = threads as u64;
 
     // One sample per leaf, leaves in request order.
-    let weight = if t.infra_failure || t.reward.is_none() {
+    let weight = if t.is_infra_failure() || t.reward.is_none() {
         0.0
     } else {
         1.0

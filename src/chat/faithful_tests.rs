@@ -50,7 +50,7 @@ fn generate(fmt: &ChatFormat, conv: &Conversation, opts: &RenderOptions, output_
     let output = fmt.encode(output_text).unwrap();
     let start = fmt.starts_in_reasoning(conv, opts).unwrap();
     let p = fmt
-        .parse_output(&output, ToolCallIds::new("trial", 0), start, &conv.tools)
+        .parse_output(&output, ToolCallIds::new("trial", 0), start, &conv.tools, &[])
         .unwrap();
     let assistant = Message {
         reasoning: p.reasoning,
@@ -272,7 +272,7 @@ fn chain(reserialize: bool) -> (Vec<u32>, Vec<u32>, Conversation) {
     let out1 = "<think>\nRead it.\n</think>\n\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"cat calc.py\"}}\n</tool_call><|im_end|>";
     let o1 = fmt.encode(out1).unwrap();
     let a1 = fmt
-        .parse_output(&o1, ToolCallIds::new("trial", 1), false, &first.tools)
+        .parse_output(&o1, ToolCallIds::new("trial", 1), false, &first.tools, &[])
         .unwrap()
         .to_message();
     assert_ne!(a1.tool_calls[0].id, g0.assistant.tool_calls[0].id);

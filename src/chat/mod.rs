@@ -15,11 +15,11 @@
 //!   `apply_chat_template(..., tokenize=False)` byte for byte; [`ChatFormat::prompt_ids`] tokenizes it.
 //! - [`ChatFormat::encode`] / [`ChatFormat::decode`], [`ChatFormat::special`] (ids of
 //!   `<|im_end|>`, `<think>`, `<tool_call>`, …), [`IncrementalDecoder`] for streaming token → text.
-//! - [`ChatFormat::parse_output`]`(&output_ids, ToolCallIds) -> ParsedOutput` splits generated
-//!   tokens into reasoning, text and tool calls (Qwen3 JSON or Qwen3-Coder XML, chosen from the
+//! - [`ChatFormat::parse_output`]`(&output_ids, ToolCallIds, .., stops) -> ParsedOutput` splits
+//!   generated tokens, cut at the request's stop strings ([`stop`]), into reasoning, text and tool calls (Qwen3 JSON or Qwen3-Coder XML, chosen from the
 //!   template); tool-call ids are `call_<hash(trial, generation, call)>`. [`StreamParser`] does the
 //!   same incrementally and emits [`StreamEvent`]s; feeding all text at once gives the same result.
-//!   [`ChatFormat::output_stream`] wraps decoder + parser for token-by-token streaming.
+//!   [`ChatFormat::output_stream`] wraps decoder + stop strings + parser for token-by-token streaming.
 //! - [`ChatFormat::faithful_prompt`] builds request k+1's prompt from generation k's captured
 //!   prompt + output ids and a suffix derived from the template, or says why a new segment must
 //!   start ([`SpliceBreak`]).
@@ -30,6 +30,7 @@ pub mod message;
 pub mod openai;
 pub mod parse;
 pub mod pyjson;
+pub mod stop;
 pub mod template;
 pub mod tokenizer;
 
@@ -38,6 +39,7 @@ use std::path::{Path, PathBuf};
 pub use faithful::{FaithfulPrompt, PreviousGeneration, SpliceBreak};
 pub use message::{Conversation, Message, Role, ToolCall, ToolChoice, ToolSpec};
 pub use parse::{ParsedOutput, StreamEvent, StreamParser, ToolCallFormat, ToolCallIds};
+pub use stop::StopStrings;
 pub use template::{ChatTemplate, RenderOptions};
 pub use tokenizer::{ChatTokenizer, IncrementalDecoder, SpecialTokens};
 
@@ -172,35 +174,53 @@ impl ChatFormat {
         StreamParser::new(self.tool_format, ids, starts_in_reasoning)
     }
 
-    /// A token-level streaming parser: decodes ids incrementally (special tokens dropped) and
-    /// parses the text; its events add up to [`ChatFormat::parse_output`] of the same ids.
-    pub fn output_stream(
-        &self,
-        ids: ToolCallIds,
-        starts_in_reasoning: bool,
-        tools: &[ToolSpec],
-    ) -> OutputStream<'_> {
+    /// Generated tokens in, [`StreamEvent`]s out: incremental decoding (special tokens dropped),
+    /// stop strings cut (text that may begin one is held back), then `parser` — or plain text
+    /// events when `parser` is `None` (raw completions). The events add up to
+    /// [`ChatFormat::parse_text`] of the same ids.
+    pub fn output_stream(&self, parser: Option<StreamParser>, stops: &[String]) -> OutputStream<'_> {
         OutputStream {
             format: self,
             decoder: IncrementalDecoder::new(true),
-            parser: self.stream_parser(ids, starts_in_reasoning).with_tools(tools),
+            parser,
+            stop: StopStrings::new(stops),
         }
     }
 
-    /// Parse generated tokens (special tokens such as `<|im_end|>` are dropped first).
-    /// `tools` lets Qwen3-Coder's XML parameters be typed by their JSON schema.
+    /// Parse generated tokens as the client was answered: decoded (special tokens such as
+    /// `<|im_end|>` dropped), cut before the first of `stops` (the request's stop strings: the
+    /// engine keeps the token that completed one, the answer does not), then parsed. `tools` lets
+    /// Qwen3-Coder's XML parameters be typed by their JSON schema.
     pub fn parse_output(
         &self,
         output_ids: &[u32],
         ids: ToolCallIds,
         starts_in_reasoning: bool,
         tools: &[ToolSpec],
+        stops: &[String],
+    ) -> Result<ParsedOutput, ChatError> {
+        let parser = self.stream_parser(ids, starts_in_reasoning).with_tools(tools);
+        self.parse_text(output_ids, Some(parser), stops)
+    }
+
+    /// [`ChatFormat::parse_output`] with a prepared parser, or plain text when `parser` is `None`
+    /// (raw completions). [`ParsedOutput::stop`] says which stop string cut the text.
+    pub fn parse_text(
+        &self,
+        output_ids: &[u32],
+        parser: Option<StreamParser>,
+        stops: &[String],
     ) -> Result<ParsedOutput, ChatError> {
         let text = self.decode(output_ids, true)?;
-        Ok(self
-            .stream_parser(ids, starts_in_reasoning)
-            .with_tools(tools)
-            .parse_all(&text))
+        let (text, stop) = stop::truncate_at_stop(&text, stops);
+        let parsed = match parser {
+            Some(p) => p.parse_all(&text),
+            None => ParsedOutput {
+                content: text,
+                ..Default::default()
+            },
+        };
+        Ok(ParsedOutput { stop, ..parsed })
     }
 }
 
@@ -209,31 +229,44 @@ impl ChatFormat {
 pub struct OutputStream<'a> {
     format: &'a ChatFormat,
     decoder: IncrementalDecoder,
-    parser: StreamParser,
+    /// None for raw completions (plain text events).
+    parser: Option<StreamParser>,
+    stop: StopStrings,
 }
 
 impl OutputStream<'_> {
     /// Add one generated token.
     pub fn push(&mut self, id: u32) -> Result<Vec<StreamEvent>, ChatError> {
         let text = self.decoder.push(self.format.tokenizer(), id)?;
-        Ok(if text.is_empty() {
-            Vec::new()
-        } else {
-            self.parser.push(&text)
-        })
+        let text = self.stop.push(&text);
+        Ok(self.emit(&text))
     }
 
     /// End of generation: the remaining events.
     pub fn finish(&mut self) -> Result<Vec<StreamEvent>, ChatError> {
         let text = self.decoder.finish(self.format.tokenizer())?;
-        let mut events = self.parser.push(&text);
-        events.extend(self.parser.finish());
+        let mut text = self.stop.push(&text);
+        if self.stop.matched().is_none() {
+            text.push_str(&self.stop.finish());
+        }
+        let mut events = self.emit(&text);
+        if let Some(p) = &mut self.parser {
+            events.extend(p.finish());
+        }
         Ok(events)
     }
 
-    /// The parser (malformed-call count, whether reasoning was seen).
-    pub fn parser(&self) -> &StreamParser {
-        &self.parser
+    fn emit(&mut self, text: &str) -> Vec<StreamEvent> {
+        match &mut self.parser {
+            _ if text.is_empty() => Vec::new(),
+            Some(p) => p.push(text),
+            None => vec![StreamEvent::Text(text.to_string())],
+        }
+    }
+
+    /// The chat parser (malformed-call count, whether reasoning was seen); None for raw text.
+    pub fn parser(&self) -> Option<&StreamParser> {
+        self.parser.as_ref()
     }
 }
 
@@ -253,14 +286,14 @@ mod tests {
         let text = "<think>\nPlan: list, then read. 世界 😀\n</think>\n\nLooking.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la | grep '}'\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"read\", \"arguments\": {}}\n</tool_call><|im_end|>";
         let ids = fmt.encode(text).unwrap();
         let want = fmt
-            .parse_output(&ids, ToolCallIds::new("t", 2), false, &[])
+            .parse_output(&ids, ToolCallIds::new("t", 2), false, &[], &[])
             .unwrap();
         assert_eq!(want.tool_calls.len(), 2);
         assert_eq!(
             want.tool_calls[0].arguments,
             r#"{"command": "ls -la | grep '}'"}"#
         );
-        let mut stream = fmt.output_stream(ToolCallIds::new("t", 2), false, &[]);
+        let mut stream = fmt.output_stream(Some(fmt.stream_parser(ToolCallIds::new("t", 2), false)), &[]);
         let mut events = Vec::new();
         for &id in &ids {
             events.extend(stream.push(id).unwrap());
@@ -268,8 +301,8 @@ mod tests {
         events.extend(stream.finish().unwrap());
         let got = parse::collect(
             events,
-            stream.parser().saw_reasoning(),
-            stream.parser().malformed_tool_calls(),
+            stream.parser().unwrap().saw_reasoning(),
+            stream.parser().unwrap().malformed_tool_calls(),
         );
         assert_eq!(got, want);
     }

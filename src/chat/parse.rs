@@ -89,6 +89,8 @@ pub struct ParsedOutput {
     pub tool_calls: Vec<ToolCall>,
     /// Tool calls that did not parse (returned inside `content` as text).
     pub malformed_tool_calls: usize,
+    /// The stop string that ended the output (cut from the text), if one did.
+    pub stop: Option<String>,
 }
 
 impl ParsedOutput {

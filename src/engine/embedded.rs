@@ -24,11 +24,11 @@ use futures::FutureExt;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
-use super::stop::StopStrings;
 use super::{
     Backend, EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, RoutingShape, SampledToken,
     TokenSink,
 };
+use crate::chat::stop::StopStrings;
 use crate::chat::{ChatTokenizer, IncrementalDecoder};
 use crate::model::{ForwardInput, KvCache, Model};
 

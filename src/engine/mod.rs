@@ -9,7 +9,6 @@
 pub mod embedded;
 pub mod npy;
 pub mod sglang;
-pub mod stop;
 pub mod vllm;
 
 use futures::future::BoxFuture;

@@ -194,7 +194,7 @@ impl Writer {
                 v.push(ev(
                     "message_delta",
                     json!({"type": "message_delta",
-                        "delta": {"stop_reason": stop_reason(&out), "stop_sequence": out.stop_sequence},
+                        "delta": {"stop_reason": stop_reason(&out), "stop_sequence": out.parsed.stop},
                         "usage": {"output_tokens": out.output_tokens}}),
                 ));
                 v.push(ev("message_stop", json!({"type": "message_stop"})));
@@ -225,7 +225,7 @@ fn delta(index: usize, d: Value) -> Event {
 fn stop_reason(out: &Outcome) -> &'static str {
     if !out.parsed.tool_calls.is_empty() {
         "tool_use"
-    } else if out.stop_sequence.is_some() {
+    } else if out.parsed.stop.is_some() {
         "stop_sequence"
     } else if out.finish == crate::engine::FinishReason::Length {
         "max_tokens"
@@ -257,7 +257,7 @@ fn blocks(out: &Outcome) -> Vec<Value> {
 fn message(model: &str, out: &Outcome) -> Value {
     json!({
         "id": id(out), "type": "message", "role": "assistant", "model": model,
-        "content": blocks(out), "stop_reason": stop_reason(out), "stop_sequence": out.stop_sequence,
+        "content": blocks(out), "stop_reason": stop_reason(out), "stop_sequence": out.parsed.stop,
         "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.output_tokens},
     })
 }

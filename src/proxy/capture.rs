@@ -11,10 +11,8 @@ use serde_json::{json, Value};
 
 use super::{ProxyError, State};
 use crate::chat::{
-    Conversation, IncrementalDecoder, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role,
-    StreamEvent, StreamParser, ToolCallIds,
+    Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, StreamEvent, ToolCallIds,
 };
-use crate::engine::stop::{truncate_at_stop, StopStrings};
 use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
 use crate::records::{Generation, Packed, PromptMode, Sampling};
 
@@ -118,8 +116,6 @@ pub(crate) struct Outcome {
     pub output_tokens: usize,
     pub finish: FinishReason,
     pub index: u32,
-    /// The stop string (`stop` / `stop_sequences`) that ended the output, cut from the text.
-    pub stop_sequence: Option<String>,
 }
 
 /// Records `client_disconnected` when dropped before [`InFlight::done`]: the request was
@@ -396,17 +392,13 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
         let ids = tool_call_ids(&p.trial, p.api, p.record.index);
         let starts_in_reasoning = !p.raw && state.chat.starts_in_reasoning(&p.conv, &p.opts).unwrap_or(false);
         let tools = p.conv.tools.clone();
-        let mut parser = Pieces {
-            decoder: IncrementalDecoder::new(true),
-            chat: (!p.raw).then(|| {
-                state
-                    .chat
-                    .stream_parser(ids, starts_in_reasoning)
-                    .with_tools(&tools)
-            }),
-            stop: StopStrings::new(&p.record.sampling.stop),
-            format: &state.chat,
-        };
+        let chat_parser = (!p.raw).then(|| {
+            state
+                .chat
+                .stream_parser(ids, starts_in_reasoning)
+                .with_tools(&tools)
+        });
+        let mut parser = state.chat.output_stream(chat_parser, &p.record.sampling.stop);
         let (tok_tx, mut tok_rx) = tokio::sync::mpsc::unbounded_channel();
         let generation = run_with(&state, p, Some(tok_tx));
         tokio::pin!(generation);
@@ -447,77 +439,6 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
         let _ = tx.send(Progress::Done(result)).await;
     });
     rx
-}
-
-/// Output tokens → stream events: incremental decoding (special tokens dropped), stop strings
-/// cut (text that may start one is held back), then chat parsing — or plain text for raw
-/// completions. The events add up to what [`parse`] makes of the same ids.
-struct Pieces<'a> {
-    decoder: IncrementalDecoder,
-    /// None for raw completions.
-    chat: Option<StreamParser>,
-    stop: StopStrings,
-    format: &'a crate::chat::ChatFormat,
-}
-
-impl Pieces<'_> {
-    fn push(&mut self, id: u32) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
-        let text = self.decoder.push(self.format.tokenizer(), id)?;
-        let text = self.stop.push(&text);
-        Ok(self.emit(&text))
-    }
-
-    fn finish(&mut self) -> Result<Vec<StreamEvent>, crate::chat::ChatError> {
-        let text = self.decoder.finish(self.format.tokenizer())?;
-        let mut text = self.stop.push(&text);
-        if self.stop.matched().is_none() {
-            text.push_str(&self.stop.finish());
-        }
-        let mut events = self.emit(&text);
-        if let Some(p) = &mut self.chat {
-            events.extend(p.finish());
-        }
-        Ok(events)
-    }
-
-    fn emit(&mut self, text: &str) -> Vec<StreamEvent> {
-        if text.is_empty() {
-            return Vec::new();
-        }
-        match &mut self.chat {
-            Some(p) => p.push(text),
-            None => text_event(text.to_string()),
-        }
-    }
-}
-
-/// The answer made of output ids: decoded (special tokens dropped), cut before the first stop
-/// string, parsed into reasoning / text / tool calls (or kept as plain text for raw completions).
-/// Returns the parsed output and the stop string that cut it.
-fn parse(
-    chat: &crate::chat::ChatFormat,
-    output_ids: &[u32],
-    stops: &[String],
-    parser: Option<StreamParser>,
-) -> Result<(ParsedOutput, Option<String>), crate::chat::ChatError> {
-    let text = chat.decode(output_ids, true)?;
-    let (text, stop) = truncate_at_stop(&text, stops);
-    let parsed = match parser {
-        Some(p) => p.parse_all(&text),
-        None => ParsedOutput {
-            content: text,
-            ..Default::default()
-        },
-    };
-    Ok((parsed, stop))
-}
-
-fn text_event(t: String) -> Vec<StreamEvent> {
-    if t.is_empty() {
-        Vec::new()
-    } else {
-        vec![StreamEvent::Text(t)]
-    }
 }
 
 fn tool_call_ids(trial: &Trial, api: &str, index: u32) -> ToolCallIds {
@@ -598,8 +519,8 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         chat.starts_in_reasoning(&conv, &opts)
             .map(|r| Some(chat.stream_parser(ids, r).with_tools(&conv.tools)))
     };
-    let parsed = parser.and_then(|p| parse(chat, &out.output_ids, &record.sampling.stop, p));
-    let (parsed, stop_sequence) = match parsed {
+    let parsed = parser.and_then(|p| chat.parse_text(&out.output_ids, p, &record.sampling.stop));
+    let parsed = match parsed {
         Ok(p) => p,
         Err(e) => {
             // The tokens were generated: keep them, and tell the client it was our fault.
@@ -639,7 +560,7 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         }
         .into(),
     );
-    if let Some(s) = &stop_sequence {
+    if let Some(s) = &parsed.stop {
         record.extra.insert("stop_string".into(), json!(s));
     }
     if parsed.malformed_tool_calls > 0 {
@@ -658,7 +579,6 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
         finish: out.finish_reason,
         index,
         parsed: parsed.clone(),
-        stop_sequence,
     };
     // The capture is complete before the harness sees a byte of the answer.
     // Plain completions are never spliced onto (no assistant message to match).

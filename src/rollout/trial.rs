@@ -268,6 +268,7 @@ pub fn audit_tool_calls(shared: &Shared, generations: &[Generation], workdir: &s
             ToolCallIds::new("audit", u64::from(g.index)),
             false,
             &[],
+            &g.sampling.stop,
         ) else {
             continue;
         };

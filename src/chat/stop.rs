@@ -1,6 +1,6 @@
 //! Stop strings (OpenAI `stop`, Anthropic `stop_sequences`) over a stream of decoded text.
 //!
-//! The embedded engine feeds it the text of each sampled token to know when to end a generation;
+//! The embedded engine (`engine::embedded`) feeds it the text of each sampled token to know when to end a generation;
 //! the proxy feeds it the same text to cut the answer it returns. Both decode with special tokens
 //! skipped (the text the client sees), so a stop string never matches inside `<|im_end|>`.
 //!
