@@ -249,6 +249,13 @@ impl Trajectory {
     pub fn make_id(task_id: &str, group_id: u64, sample_index: u32) -> String {
         format!("{task_id}/{group_id}/{sample_index}")
     }
+
+    /// Whether the infrastructure failed this trial (flagged, or an infra termination): its
+    /// reward says nothing about the policy, so it trains with weight 0 and is kept out of
+    /// reward statistics and task difficulty.
+    pub fn is_infra_failure(&self) -> bool {
+        self.infra_failure || self.termination.is_infra()
+    }
 }
 
 #[cfg(test)]

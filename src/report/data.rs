@@ -172,7 +172,7 @@ pub fn summarize(step: u64, t: &Trajectory, b: &Behaviour) -> TrajSummary {
         harness: t.harness.clone(),
         reward: t.reward,
         termination: t.termination.to_string(),
-        infra: t.infra_failure || t.termination.is_infra(),
+        infra: t.is_infra_failure(),
         turns: t.generations.len() as u64,
         response_tokens: t.generations.iter().map(|g| g.output_ids.len() as u64).sum(),
         tool_calls: b.tool_calls,
@@ -278,15 +278,7 @@ pub fn build(
         let th = threads(&t);
         let b = behaviour(&th);
         let s = summarize(step, &t, &b);
-        let (acc, row) = steps.entry(step).or_insert_with(|| {
-            (
-                Acc::default(),
-                StepRow {
-                    step,
-                    ..Default::default()
-                },
-            )
-        });
+        let (acc, row) = step_entry(&mut steps, step);
         acc.add(&s, &b);
         for k in &s.audit {
             *row.audit.entry(k.clone()).or_default() += 1;
@@ -326,50 +318,15 @@ pub fn build(
     data.validation = read_plain::<ValidationReport>(&files.validation, opts)?;
     for m in metrics {
         let step = m.step;
-        steps
-            .entry(step)
-            .or_insert_with(|| {
-                (
-                    Acc::default(),
-                    StepRow {
-                        step,
-                        ..Default::default()
-                    },
-                )
-            })
-            .1
-            .metrics = Some(m);
+        step_entry(&mut steps, step).1.metrics = Some(m);
     }
     for v in &data.validation {
         if let Some(step) = v.step {
-            steps
-                .entry(step)
-                .or_insert_with(|| {
-                    (
-                        Acc::default(),
-                        StepRow {
-                            step,
-                            ..Default::default()
-                        },
-                    )
-                })
-                .1
-                .validation = Some(v.clone());
+            step_entry(&mut steps, step).1.validation = Some(v.clone());
         }
     }
     for (step, (n, graded, sum)) in eval {
-        let row = &mut steps
-            .entry(step)
-            .or_insert_with(|| {
-                (
-                    Acc::default(),
-                    StepRow {
-                        step,
-                        ..Default::default()
-                    },
-                )
-            })
-            .1;
+        let row = &mut step_entry(&mut steps, step).1;
         row.eval_trajectories = n;
         row.eval_reward_mean = (graded > 0).then(|| sum / graded as f64);
     }
@@ -396,6 +353,19 @@ pub fn build(
     Ok(data)
 }
 
+/// The accumulator and row of `step`, created empty on first use.
+fn step_entry(steps: &mut BTreeMap<u64, (Acc, StepRow)>, step: u64) -> &mut (Acc, StepRow) {
+    steps.entry(step).or_insert_with(|| {
+        (
+            Acc::default(),
+            StepRow {
+                step,
+                ..Default::default()
+            },
+        )
+    })
+}
+
 /// Per step of the run's `eval/` files: (trajectories, graded non-infra ones, their reward sum).
 fn eval_rewards(files: &RunFiles, opts: ReadOptions) -> Result<BTreeMap<u64, (u64, u64, f64)>, RunError> {
     let mut out: BTreeMap<u64, (u64, u64, f64)> = BTreeMap::new();
@@ -406,7 +376,7 @@ fn eval_rewards(files: &RunFiles, opts: ReadOptions) -> Result<BTreeMap<u64, (u6
     for_each_trajectory(&only_eval, opts, |step, _, t| {
         let e = out.entry(step).or_default();
         e.0 += 1;
-        if let (false, Some(r)) = (t.infra_failure || t.termination.is_infra(), t.reward) {
+        if let (false, Some(r)) = (t.is_infra_failure(), t.reward) {
             e.1 += 1;
             e.2 += r;
         }

@@ -526,13 +526,9 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                     summary.stale_groups += 1;
                     pending.push_front(g.plan.clone());
                 } else {
-                    if crate::sandbox::trial::interrupted() {
-                        // Ctrl-C/SIGTERM: the signal task is removing the sandboxes, so this
-                        // group's failures are the interruption, not the trials. Writing them
-                        // would mark the keys done; wait for the signal task to exit (130)
-                        // instead, and a rerun runs the group again.
-                        std::future::pending::<()>().await;
-                    }
+                    // Ctrl-C/SIGTERM: this group's failures are the interruption's, not the
+                    // trials'; a rerun runs the group again.
+                    crate::sandbox::trial::park_if_interrupted().await;
                     g.trajectories.sort_by_key(|t| t.sample_index);
                     for t in &g.trajectories {
                         writer.push(t)?;

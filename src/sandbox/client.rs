@@ -165,16 +165,27 @@ impl Engine {
         Ok(resp.id)
     }
 
-    /// Removes a network; a missing one is not an error.
+    /// Removes a network; a missing one is not an error. An endpoint can outlive its container
+    /// by a moment (the engine detaches it asynchronously), so a failed removal is retried
+    /// briefly (5 tries over ~3 s) before it counts.
     pub async fn remove_network(&self, name: &str) -> Result<(), SandboxError> {
-        match self.docker.remove_network(name).await {
-            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-                Ok(())
+        let mut attempt = 0u64;
+        loop {
+            match self.docker.remove_network(name).await {
+                Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                    return Ok(())
+                }
+                Err(source) if attempt == 4 => {
+                    return Err(SandboxError::RemoveNetwork {
+                        name: name.to_string(),
+                        source,
+                    })
+                }
+                Err(_) => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
+                }
             }
-            Err(source) => Err(SandboxError::RemoveNetwork {
-                name: name.to_string(),
-                source,
-            }),
         }
     }
 

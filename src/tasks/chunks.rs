@@ -210,15 +210,15 @@ pub fn parts(data: &[u8], n: usize) -> Vec<&[u8]> {
     out
 }
 
-/// The number of lines in a part (a final line without newline counts).
-pub fn count_lines(part: &[u8]) -> u64 {
-    let nl = memchr::memchr_iter(b'\n', part).count() as u64;
-    nl + u64::from(part.last().is_some_and(|b| *b != b'\n'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The number of lines in a part (a final line without newline counts).
+    fn count_lines(part: &[u8]) -> u64 {
+        let nl = memchr::memchr_iter(b'\n', part).count() as u64;
+        nl + u64::from(part.last().is_some_and(|b| *b != b'\n'))
+    }
 
     #[test]
     fn parts_cut_at_newlines_and_cover_everything() {

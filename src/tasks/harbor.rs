@@ -11,7 +11,7 @@
 //! `metadata.harbor.task_toml`. Paths (build context, tests, solution) are absolute, because the
 //! kept-task file usually lives elsewhere than the pool.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
@@ -209,37 +209,6 @@ fn toml_to_json(v: &toml::Value) -> Value {
     }
 }
 
-/// The task directories under `dir`: `dir` itself when it has a task.toml, else its immediate
-/// subdirectories that have one, sorted by name.
-pub fn task_dirs(dir: &Path) -> Result<Vec<PathBuf>, TaskError> {
-    if is_task_dir(dir) {
-        return Ok(vec![dir.to_path_buf()]);
-    }
-    let entries = std::fs::read_dir(dir).map_err(|e| TaskError::TaskDir {
-        path: dir.to_path_buf(),
-        msg: e.to_string(),
-    })?;
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| TaskError::TaskDir {
-            path: dir.to_path_buf(),
-            msg: e.to_string(),
-        })?;
-        let p = entry.path();
-        if p.is_dir() && is_task_dir(&p) {
-            out.push(p);
-        }
-    }
-    out.sort();
-    if out.is_empty() {
-        return Err(TaskError::TaskDir {
-            path: dir.to_path_buf(),
-            msg: "neither a Harbor task directory (no task.toml) nor a directory of them".into(),
-        });
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +226,7 @@ mod tests {
 #[cfg(test)]
 mod fixture_tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn fixture(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -333,12 +303,12 @@ mod fixture_tests {
         assert_eq!(harbor_meta(&t)["memory_mb"], json!(8192));
         assert_eq!(harbor_meta(&t)["name"], json!("terminal-bench/caffe-cifar-10"));
         assert_eq!(t.timeouts.eval_s, 1200.0);
-        let dirs = task_dirs(dir.path()).unwrap();
-        assert_eq!(dirs, vec![task.clone()]);
+        let dirs = crate::tasks::source::classify(dir.path()).unwrap();
+        assert!(matches!(dirs, crate::tasks::source::InputKind::TaskDirs(d) if d == vec![task.clone()]));
         let empty = tempfile::tempdir().unwrap();
-        assert!(task_dirs(empty.path())
+        assert!(crate::tasks::source::classify(empty.path())
             .unwrap_err()
             .to_string()
-            .contains("no task.toml"));
+            .contains("no Harbor task.toml"));
     }
 }

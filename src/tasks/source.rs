@@ -94,6 +94,7 @@ pub fn render(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed<'_>) -
 }
 
 /// What an input path holds.
+#[derive(Debug)]
 pub enum InputKind {
     /// JSON Lines, or a `.json` array (detected from the first non-blank character).
     Records(PathBuf),
@@ -114,26 +115,33 @@ pub fn classify(path: &Path) -> Result<InputKind, TaskError> {
     if let Some(dirs) = swebench_repo::repo_task_dirs(path)? {
         return Ok(InputKind::TaskDirs(dirs));
     }
-    let err = |msg: String| TaskError::TaskDir {
-        path: path.to_path_buf(),
-        msg,
+    let dirs = subdirs(path, |p| harbor::is_task_dir(p) || swebench_repo::is_task_dir(p))?;
+    if dirs.is_empty() {
+        return Err(TaskError::TaskDir {
+            path: path.to_path_buf(),
+            msg: "not a task directory (no Harbor task.toml, no swebench task.yaml), a swebench task \
+                  repository (no tasks/) or a directory of task directories"
+                .into(),
+        });
+    }
+    Ok(InputKind::TaskDirs(dirs))
+}
+
+/// The immediate subdirectories of `dir` for which `is_task` holds, sorted by name.
+pub(crate) fn subdirs(dir: &Path, is_task: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>, TaskError> {
+    let err = |e: std::io::Error| TaskError::TaskDir {
+        path: dir.to_path_buf(),
+        msg: e.to_string(),
     };
-    let mut dirs = Vec::new();
-    for entry in std::fs::read_dir(path).map_err(|e| err(e.to_string()))? {
-        let p = entry.map_err(|e| err(e.to_string()))?.path();
-        if p.is_dir() && (harbor::is_task_dir(&p) || swebench_repo::is_task_dir(&p)) {
-            dirs.push(p);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        let p = entry.map_err(err)?.path();
+        if p.is_dir() && is_task(&p) {
+            out.push(p);
         }
     }
-    if dirs.is_empty() {
-        return Err(err(
-            "not a task directory (no Harbor task.toml, no swebench task.yaml), a swebench task \
-             repository (no tasks/) or a directory of task directories"
-                .into(),
-        ));
-    }
-    dirs.sort();
-    Ok(InputKind::TaskDirs(dirs))
+    out.sort();
+    Ok(out)
 }
 
 /// Reads one task directory of either layout.

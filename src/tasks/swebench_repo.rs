@@ -53,20 +53,12 @@ pub fn repo_task_dirs(dir: &Path) -> Result<Option<Vec<PathBuf>>, TaskError> {
     if !root.is_dir() {
         return Ok(None);
     }
-    let err = |msg: String| TaskError::TaskDir {
-        path: root.clone(),
-        msg,
-    };
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&root).map_err(|e| err(e.to_string()))? {
-        let p = entry.map_err(|e| err(e.to_string()))?.path();
-        if p.is_dir() && is_task_dir(&p) {
-            out.push(p);
-        }
-    }
-    out.sort();
+    let out = super::source::subdirs(&root, is_task_dir)?;
     if out.is_empty() {
-        return Err(err(format!("no task directory (no tasks/<id>/{TASK_FILE})")));
+        return Err(TaskError::TaskDir {
+            path: root,
+            msg: format!("no task directory (no tasks/<id>/{TASK_FILE})"),
+        });
     }
     Ok(Some(out))
 }

@@ -114,7 +114,7 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
             ..Default::default()
         });
         s.trajectories += 1;
-        if t.infra_failure || t.termination.is_infra() {
+        if t.is_infra_failure() {
             s.infra_failures += 1;
         }
         let graded = !t.infra_failure && t.reward.is_some();

@@ -396,7 +396,24 @@ impl Trial {
                 });
             }
         }
-        self.baseline = self.probe().await;
+        // The baseline; probed twice like the after-agent probe. Without one the audit compares
+        // against zeros — the counters of a fresh container and network namespace — so setup's own
+        // traffic would count as the agent's: say so.
+        for attempt in 0..2 {
+            self.baseline = self.probe().await;
+            if self.baseline.is_some() {
+                break;
+            }
+            if attempt == 0 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        if self.baseline.is_none() {
+            tracing::warn!(
+                "trial {}: no baseline probe after setup; its audit counts from container creation",
+                self.trial_id
+            );
+        }
         Ok(())
     }
 
@@ -497,20 +514,8 @@ impl Trial {
             }
         }
         if let Some(net) = self.network.take() {
-            // An endpoint can outlive its container by a moment (the engine detaches it
-            // asynchronously), so a failed removal is retried briefly before it counts.
-            let mut last = None;
-            for attempt in 0..5u64 {
-                match self.engine.remove_network(&net).await {
-                    Ok(()) => {
-                        last = None;
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-                tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await;
-            }
-            if let Some(e) = last {
+            // (Engine::remove_network retries while the engine detaches the endpoints.)
+            if let Err(e) = self.engine.remove_network(&net).await {
                 first_err.get_or_insert(e);
             }
         }
@@ -641,6 +646,16 @@ static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// sweep is removing their sandboxes) and must not be recorded as outcomes.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Parks forever once [`interrupted`]: results gathered from then on are the interruption's
+/// doing (the signal task is removing their sandboxes), so nothing may be written from them —
+/// writing would mark them done. The signal task exits the process (130) after its sweep, and a
+/// rerun runs that work again. Call before writing outcomes.
+pub async fn park_if_interrupted() {
+    if interrupted() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// On SIGINT/SIGTERM: flag [`interrupted`], remove every object of `run_id`, then exit 130. Call

@@ -189,11 +189,7 @@ impl Validator {
                 .await
                 .into_iter()
                 .collect::<BTreeMap<_, _>>();
-            if crate::sandbox::trial::interrupted() {
-                // Ctrl-C/SIGTERM: the verdicts are the interruption's doing; nothing may be
-                // written from them. The signal task exits (130) once its sweep is done.
-                std::future::pending::<()>().await;
-            }
+            crate::sandbox::trial::park_if_interrupted().await;
             verdicts.into_values().collect()
         })
     }
