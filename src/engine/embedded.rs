@@ -213,6 +213,9 @@ fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver
     let _guard = tch::no_grad_guard();
     let mut active: Vec<Seq> = Vec::new();
     let mut reload: Option<(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>)> = None;
+    // The next-token log-probs (vocabulary-sized), reused across steps: a fresh ~600 KB vector per
+    // token cost allocation and page faults on every decode step.
+    let mut logp = Vec::new();
     loop {
         // Take new work: block when idle, poll otherwise; no new sequences while a reload waits.
         while reload.is_none() {
@@ -256,7 +259,7 @@ fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver
                 seq.cancelled = true;
                 continue;
             }
-            step(&model, tokenizer.as_ref(), seq);
+            step(&model, tokenizer.as_ref(), seq, &mut logp);
             counters.forwards.fetch_add(1, Ordering::SeqCst);
         }
         let (done, rest): (Vec<Seq>, Vec<Seq>) = active.drain(..).partition(|s| s.finish.is_some());
@@ -325,7 +328,7 @@ impl Seq {
 }
 
 /// Forwards the pending tokens (the prompt on the first step), then picks the next token.
-fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq) {
+fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, logp: &mut Vec<f32>) {
     let device = model.device();
     let (ids, start): (Vec<i64>, i64) = match seq.pending {
         None => (seq.req.prompt_ids.iter().map(|&t| t as i64).collect(), 0),
@@ -344,8 +347,10 @@ fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq) {
     }
     let last = out.hidden.narrow(0, ids.len() as i64 - 1, 1);
     let logits = model.lm.logits(&last).to_kind(Kind::Float).squeeze_dim(0);
-    let logp: Vec<f32> =
-        Vec::<f32>::try_from(logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu)).unwrap_or_default();
+    let logp_t = logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu);
+    let numel = logp_t.numel();
+    logp.resize(numel, 0.0);
+    logp_t.copy_data(&mut logp[..], numel);
     let n = seq.output.len();
     let next = match &seq.req.forced_output {
         Some(forced) => match forced.get(n) {
@@ -355,7 +360,7 @@ fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq) {
                 return;
             }
         },
-        None => sample(&logp, &seq.req, &mut seq.rng),
+        None => sample(logp, &seq.req, &mut seq.rng),
     };
     let logprob = logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY);
     seq.output.push(next);

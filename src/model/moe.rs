@@ -71,6 +71,9 @@ impl SparseMoe {
 
     /// Grouped expert computation: `Σ_k gate[t,k] · expert_{ids[t,k]}(x[t])`.
     fn dispatch(&self, x: &Tensor, ids: &Tensor, gates: &Tensor) -> Tensor {
+        if x.size()[0] == 1 {
+            return self.dispatch_one(x, ids, gates);
+        }
         let k = self.top_k;
         let flat = ids.reshape([-1]);
         let order = flat.argsort(0, false);
@@ -91,5 +94,25 @@ impl SparseMoe {
             start += n;
         }
         out
+    }
+
+    /// One token (a decode step): its k experts one after another, no sort, gather or scatter.
+    /// The same products summed in the same order as [`SparseMoe::dispatch`]'s `index_add`
+    /// (ascending expert id), so both paths give identical results.
+    fn dispatch_one(&self, x: &Tensor, ids: &Tensor, gates: &Tensor) -> Tensor {
+        let ids = Vec::<i64>::try_from(ids.reshape([-1])).expect("invariant: [1, k] int64 ids");
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&j| ids[j]);
+        let gates = gates.reshape([-1]);
+        let mut out: Option<Tensor> = None;
+        for j in order {
+            let y = self.experts[ids[j] as usize].forward(x) * gates.narrow(0, j as i64, 1);
+            // `0 + y` is `y` exactly: the first product needs no zeros to be added to.
+            out = Some(match out {
+                Some(o) => o + y,
+                None => y,
+            });
+        }
+        out.unwrap_or_else(|| x.zeros_like())
     }
 }
