@@ -25,13 +25,16 @@ import os
 import sys
 
 # Single Qwen3 tokens with a leading space, so copying the word is copying one token.
-WORDS = ["red", "blue", "green", "black", "white", "gold"]
+WORDS = ["red", "blue", "green"]
+# Each phrasing names the word twice: a 2-layer random model has to learn to attend to it, and two
+# mentions double its share of a still-uniform attention (the first design, 6 words named once,
+# did not learn in 12 GSPO steps: README "Runs").
 # The path is absolute: mini-swe-agent runs its commands in its own working directory, not /app.
 TEMPLATES = [
-    "Write the word {w} into the file /app/answer.txt.",
-    "Create /app/answer.txt containing only the word {w}.",
-    "The answer is {w}. Save it to /app/answer.txt and submit.",
-    "Put {w} in /app/answer.txt, nothing else.",
+    "Write the word {w} into the file /app/answer.txt. The word is {w}.",
+    "Create /app/answer.txt containing only the word {w}. Only {w}, nothing else.",
+    "The answer is {w}. Save {w} to /app/answer.txt and submit.",
+    "Put {w} in /app/answer.txt: the file must say {w}.",
 ]
 
 TASK_TOML = """version = "1.0"

@@ -18,15 +18,15 @@
 # Environment (defaults in brackets):
 #   LEGO_RL_RUN          run directory [runs/learn]; rerunning resumes (finished files are kept)
 #   LEGO_RL_SEED         model init seed, task order, train-step seed [1]
-#   LEGO_RL_STEPS        GSPO steps [8]
+#   LEGO_RL_STEPS        GSPO steps [20]
 #   LEGO_RL_SFT_STEPS    at most this many SFT train-steps on the demonstrations, each one optimizer
-#                        update per demonstration [8]
-#   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.2]
+#                        update per demonstration [24]
+#   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.05]
 #   LEGO_RL_SFT_LR       [1e-2]        LEGO_RL_LR  GSPO learning rate [3e-3]
-#   LEGO_RL_GROUP        trials per task in a GSPO batch [4]
+#   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [2]
-#   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [4]
-#   LEGO_RL_EVAL_SAMPLES samples per held-out task at each evaluation [2]
+#   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
+#   LEGO_RL_EVAL_SAMPLES samples per held-out task at each evaluation [8]
 #   LEGO_RL_EVAL_TEMP    held-out sampling temperature [0.7]
 #   LEGO_RL_JOBS         simultaneous trials [4]
 #   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
@@ -39,15 +39,15 @@ lego=${LEGO_RL_BIN:-$root/target/release/lego-rl}
 py="$root/.venv/bin/python"
 run=${LEGO_RL_RUN:-$root/runs/learn}
 seed=${LEGO_RL_SEED:-1}
-steps=${LEGO_RL_STEPS:-8}
-sft_steps=${LEGO_RL_SFT_STEPS:-8}
-sft_loss=${LEGO_RL_SFT_LOSS:-0.2}
+steps=${LEGO_RL_STEPS:-20}
+sft_steps=${LEGO_RL_SFT_STEPS:-24}
+sft_loss=${LEGO_RL_SFT_LOSS:-0.05}
 sft_lr=${LEGO_RL_SFT_LR:-1e-2}
 lr=${LEGO_RL_LR:-3e-3}
-group=${LEGO_RL_GROUP:-4}
+group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-2}
-eval_every=${LEGO_RL_EVAL_EVERY:-4}
-eval_samples=${LEGO_RL_EVAL_SAMPLES:-2}
+eval_every=${LEGO_RL_EVAL_EVERY:-5}
+eval_samples=${LEGO_RL_EVAL_SAMPLES:-8}
 eval_temp=${LEGO_RL_EVAL_TEMP:-0.7}
 jobs=${LEGO_RL_JOBS:-4}
 harness="$here/mini-swe-agent-short.toml"
@@ -56,10 +56,10 @@ name() { printf 'step-%06d' "$1"; }
 [ -n "${LEGO_RL_SKIP_SETUP:-}" ] || "$root/scripts/setup.sh"
 mkdir -p "$run"/{logs,warmstart,checkpoints,trajectories,samples,align-stats,eval}
 start=$(date +%s)
-# Everything a rollout shares. A first command that does not submit gets a second generation
-# (mini-swe-agent checks its step limit before each query); --max-turns 1 would end the trial there
-# instead (not measured).
-common=(--images "$run/images.jsonl.zst" --harness "$harness" --max-turns 2 --max-tokens 96 -j "$jobs")
+# Everything a rollout shares. --max-turns 1: mini-swe-agent checks its step limit before each
+# query, so a first command that does not submit ends the trial instead of asking again — one
+# generation per trial, graded on what that command left in /app/answer.txt.
+common=(--images "$run/images.jsonl.zst" --harness "$harness" --max-turns 1 --max-tokens 96 -j "$jobs")
 # One intra-op thread: the tiny model gains nothing from more, and on a shared, oversubscribed CPU
 # spinning OpenMP workers slow every forward down.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -136,13 +136,11 @@ for ((s = 0; s < steps; s++)); do
     zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
       for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$run/logs/tasks-$n.jsonl.zst"
     say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0) with $n"
-    # One rollout per task, each with its own group id (v·K + i): the trainer's groups are group
-    # ids, and one rollout call gives every task of an epoch the same one.
-    for ((i = 0; i < per_step; i++)); do
-      zstd -dcq "$run/logs/tasks-$n.jsonl.zst" | sed -n "$((i + 1))p" | zstd -qf -o "$run/logs/tasks-$n-$i.jsonl.zst"
-      "$lego" -q rollout -i "$run/logs/tasks-$n-$i.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" \
-        --group-size "$group" --first-group $((v * per_step + i)) -o "$traj" 2>>"$run/logs/rollout.log"
-    done
+    # One rollout for all tasks of the step (the trainer's groups are (task, group id), so the
+    # tasks sharing group id v stay separate groups); a rerun after a crash skips the groups
+    # already in the file.
+    "$lego" -q rollout -i "$run/logs/tasks-$n.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" \
+      --group-size "$group" --first-group "$v" -o "$traj" 2>>"$run/logs/rollout.log"
     touch "$traj.done"
   fi
   "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"

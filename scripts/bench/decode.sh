@@ -6,7 +6,10 @@
 # model.generate with its KV cache (scripts/bench/decode_reference.py). Both time whole generations
 # (prefill + NEW_TOKENS decode steps) after a warm-up. Prints tokens/s of both, the ratio (goal:
 # engine >= 2x transformers), and how many of the greedy tokens agree (same work done).
-# Usage: scripts/bench/decode.sh [NEW_TOKENS] [RUNS] [THREADS] [PROMPT_TOKENS]   (default 128 5 1 64)
+# A fifth argument TEMPERATURE > 0 measures plain temperature sampling on both sides instead (top_k=0,
+# top_p=1 for transformers; the tokens then differ, the work per token does not).
+# Usage: scripts/bench/decode.sh [NEW_TOKENS] [RUNS] [THREADS] [PROMPT_TOKENS] [TEMPERATURE]
+#        (default 128 5 1 64 0)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -15,6 +18,7 @@ new=${1:-128}
 runs=${2:-5}
 threads=${3:-1}
 prompt_len=${4:-64}
+temp=${5:-0}
 ckpt=testdata/models/generated/tiny-qwen3-moe
 [ -f "$ckpt/reference.json" ] || "$py" scripts/make_tiny_models.py "$ckpt"
 cargo build --release --quiet --example decode_bench
@@ -28,12 +32,14 @@ tok = AutoTokenizer.from_pretrained(sys.argv[1])
 text = tok.apply_chat_template([{"role": "user", "content": "Write a long story about a robot that learns to fix bugs in a large codebase. " * 8}], tokenize=False, add_generation_prompt=True)
 print(json.dumps(tok(text)["input_ids"][-int(sys.argv[2]):]))
 PY
-engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads")
-hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads")
+engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp")
+hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp")
 echo "$engine" | grep -v '^engine_ids='
 echo "$hf" | grep -v '^hf_ids='
 eval "$(echo "$engine" | grep -E '^engine_(tok_per_s|ids)=')"
 eval "$(echo "$hf" | grep -E '^hf_(tok_per_s|ids)=')"
 same=$(awk -v a="$engine_ids" -v b="$hf_ids" 'BEGIN { n = split(a, x, ","); split(b, y, ","); for (i = 1; i <= n && x[i] == y[i]; i++); print i - 1 }')
-awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" 'BEGIN {
-  printf "decode tiny-qwen3-moe CPU fp32 greedy, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); greedy tokens equal for the first %d of %d\n", p, n, t, e, h, e / h, s, n }'
+mode=greedy
+[ "$temp" = 0 ] || mode="sampled T=$temp"
+awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" -v m="$mode" 'BEGIN {
+  printf "decode tiny-qwen3-moe CPU fp32 %s, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); tokens equal for the first %d of %d\n", m, p, n, t, e, h, e / h, s, n }'

@@ -2,10 +2,10 @@
 //! through the `Backend` trait (no HTTP, no chat rendering: the least overhead an honest caller
 //! pays — the proxy adds its own, measured by scripts/bench/proxy.sh).
 //!
-//!   decode_bench CHECKPOINT_DIR PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS
+//!   decode_bench CHECKPOINT_DIR PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS [TEMPERATURE]
 //!
-//! Greedy decoding of exactly NEW_TOKENS tokens (no stop ids), RUNS times after one warm-up run,
-//! on THREADS torch threads. Prints `key=value` lines, and the generated ids of the first run
+//! Decoding of exactly NEW_TOKENS tokens (no stop ids), RUNS times after one warm-up run, on
+//! THREADS torch threads; greedy, or plain temperature sampling when TEMPERATURE > 0 (seeded). Prints `key=value` lines, and the generated ids of the first run
 //! (`ids=1,2,…`) so the script can check that both sides decoded the same tokens.
 
 use std::path::Path;
@@ -19,9 +19,10 @@ use lego_rl::records::Sampling;
 async fn main() -> anyhow::Result<()> {
     let a: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
-        a.len() == 6,
-        "usage: decode_bench CHECKPOINT PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS"
+        a.len() == 6 || a.len() == 7,
+        "usage: decode_bench CHECKPOINT PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS [TEMPERATURE]"
     );
+    let temperature: f64 = a.get(6).map_or(Ok(0.0), |t| t.parse())?;
     let ckpt = Path::new(&a[1]);
     let prompt: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&a[2])?)?;
     let new_tokens: u32 = a[3].parse()?;
@@ -32,8 +33,9 @@ async fn main() -> anyhow::Result<()> {
     let req = GenerateRequest {
         prompt_ids: prompt.clone(),
         sampling: Sampling {
-            temperature: Some(0.0),
+            temperature: Some(temperature),
             max_tokens: Some(new_tokens),
+            seed: Some(1),
             ..Default::default()
         },
         // Routing is captured in production: keep its cost in the measurement.
@@ -48,10 +50,8 @@ async fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         let out = backend.generate(req.clone()).await?;
         let s = t.elapsed().as_secs_f64();
-        anyhow::ensure!(
-            out.output_ids == first.output_ids,
-            "greedy output changed between runs"
-        );
+        // Seeded: sampled runs repeat too.
+        anyhow::ensure!(out.output_ids == first.output_ids, "output changed between runs");
         best = best.min(s);
         total += s;
     }

@@ -213,9 +213,9 @@ fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver
     let _guard = tch::no_grad_guard();
     let mut active: Vec<Seq> = Vec::new();
     let mut reload: Option<(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>)> = None;
-    // The next-token log-probs (vocabulary-sized), reused across steps: a fresh ~600 KB vector per
-    // token cost allocation and page faults on every decode step.
-    let mut logp = Vec::new();
+    // Vocabulary-sized buffers reused across steps: a fresh ~600 KB vector per token cost
+    // allocation and page faults on every decode step.
+    let mut scratch = Scratch::default();
     loop {
         // Take new work: block when idle, poll otherwise; no new sequences while a reload waits.
         while reload.is_none() {
@@ -259,7 +259,7 @@ fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver
                 seq.cancelled = true;
                 continue;
             }
-            step(&model, tokenizer.as_ref(), seq, &mut logp);
+            step(&model, tokenizer.as_ref(), seq, &mut scratch);
             counters.forwards.fetch_add(1, Ordering::SeqCst);
         }
         let (done, rest): (Vec<Seq>, Vec<Seq>) = active.drain(..).partition(|s| s.finish.is_some());
@@ -328,7 +328,21 @@ impl Seq {
 }
 
 /// Forwards the pending tokens (the prompt on the first step), then picks the next token.
-fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, logp: &mut Vec<f32>) {
+/// Per-worker buffers of [`step`]: the next-token log-probs and sampling probabilities.
+#[derive(Default)]
+struct Scratch {
+    logp: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+/// Copies a 1-d float tensor into `buf` (resized, not reallocated once large enough).
+fn copy_into(t: &Tensor, buf: &mut Vec<f32>) {
+    let numel = t.numel();
+    buf.resize(numel, 0.0);
+    t.copy_data(&mut buf[..], numel);
+}
+
+fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, scratch: &mut Scratch) {
     let device = model.device();
     let (ids, start): (Vec<i64>, i64) = match seq.pending {
         None => (seq.req.prompt_ids.iter().map(|&t| t as i64).collect(), 0),
@@ -348,9 +362,8 @@ fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, logp: &
     let last = out.hidden.narrow(0, ids.len() as i64 - 1, 1);
     let logits = model.lm.logits(&last).to_kind(Kind::Float).squeeze_dim(0);
     let logp_t = logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu);
-    let numel = logp_t.numel();
-    logp.resize(numel, 0.0);
-    logp_t.copy_data(&mut logp[..], numel);
+    copy_into(&logp_t, &mut scratch.logp);
+    let logp = &scratch.logp;
     let n = seq.output.len();
     let next = match &seq.req.forced_output {
         Some(forced) => match forced.get(n) {
@@ -360,7 +373,18 @@ fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, logp: &
                 return;
             }
         },
-        None => sample(logp, &seq.req, &mut seq.rng),
+        None => match plain_temperature(&seq.req) {
+            Some(t) => {
+                // Vectorized by libtorch: a scalar `exp` per vocabulary entry in Rust cost more
+                // than the LM head itself. softmax(logp / T) = softmax(logits / T).
+                copy_into(
+                    &(&logp_t / f64::from(t)).softmax(-1, Kind::Float),
+                    &mut scratch.probs,
+                );
+                sample_probs(&scratch.probs, logp, &mut seq.rng)
+            }
+            None => sample(logp, &seq.req, &mut seq.rng),
+        },
     };
     let logprob = logp.get(next as usize).copied().unwrap_or(f32::NEG_INFINITY);
     seq.output.push(next);
@@ -400,6 +424,29 @@ fn hit_stop_string(tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, next: u32) 
 }
 
 /// Samples from `logp` with temperature, top-k and top-p (temperature 0 = greedy).
+/// The temperature when sampling is plain temperature sampling (no top-k, no top-p < 1).
+fn plain_temperature(req: &GenerateRequest) -> Option<f32> {
+    let s = &req.sampling;
+    let temperature = s.temperature.unwrap_or(1.0) as f32;
+    let top_k = s.top_k.filter(|&k| k > 0);
+    (temperature > 1e-6 && top_k.is_none() && s.top_p.is_none_or(|p| p >= 1.0)).then_some(temperature)
+}
+
+/// One draw from `probs` (summing to ~1): one pass, no sort. Rounding that leaves a sliver of
+/// mass past the last entry gives the mode.
+fn sample_probs(probs: &[f32], logp: &[f32], rng: &mut impl Rng) -> u32 {
+    let mut u: f32 = rng.gen();
+    for (i, &p) in probs.iter().enumerate() {
+        if u < p {
+            return i as u32;
+        }
+        u -= p;
+    }
+    argmax(logp)
+}
+
+/// Greedy, or top-k / top-p sampling over the sorted candidates (plain temperature sampling is
+/// [`sample_probs`]).
 fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
     let s = &req.sampling;
     let temperature = s.temperature.unwrap_or(1.0) as f32;
@@ -407,21 +454,6 @@ fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
         return argmax(logp);
     }
     let top_k = s.top_k.filter(|&k| k > 0).map(|k| k as usize);
-    if top_k.is_none() && s.top_p.is_none_or(|p| p >= 1.0) {
-        // Plain temperature sampling: one pass over the vocabulary, no sort (the sort of ~150k
-        // candidates per token dominated decode time).
-        let max = logp.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) / temperature;
-        let total: f32 = logp.iter().map(|&l| (l / temperature - max).exp()).sum();
-        let mut u: f32 = rng.gen::<f32>() * total;
-        for (i, &l) in logp.iter().enumerate() {
-            let w = (l / temperature - max).exp();
-            if u < w {
-                return i as u32;
-            }
-            u -= w;
-        }
-        return argmax(logp); // rounding left a sliver of mass: the mode
-    }
     let mut cand: Vec<(u32, f32)> = logp
         .iter()
         .enumerate()
