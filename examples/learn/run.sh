@@ -22,7 +22,8 @@
 #   LEGO_RL_SFT_STEPS    at most this many SFT train-steps on the demonstrations, each one optimizer
 #                        update per demonstration [24]
 #   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.05]
-#   LEGO_RL_SFT_LR       [1e-2]        LEGO_RL_LR  GSPO learning rate [3e-3]
+#   LEGO_RL_SFT_LR       [1e-2]        LEGO_RL_LR  GSPO learning rate [1e-2]
+#   LEGO_RL_UPDATES      GSPO optimizer updates per step, each on whole groups [2]
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [2]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
@@ -43,7 +44,8 @@ steps=${LEGO_RL_STEPS:-20}
 sft_steps=${LEGO_RL_SFT_STEPS:-24}
 sft_loss=${LEGO_RL_SFT_LOSS:-0.05}
 sft_lr=${LEGO_RL_SFT_LR:-1e-2}
-lr=${LEGO_RL_LR:-3e-3}
+lr=${LEGO_RL_LR:-1e-2}
+updates=${LEGO_RL_UPDATES:-2}
 group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-2}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
@@ -145,7 +147,7 @@ for ((s = 0; s < steps; s++)); do
   fi
   "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"
   rm -rf "$run/checkpoints/$next"
-  "$lego" -q train-step --loss gspo --lr "$lr" --seed "$seed" --checkpoint "$run/checkpoints/$n" \
+  "$lego" -q train-step --loss gspo --lr "$lr" --updates "$updates" --seed "$seed" --checkpoint "$run/checkpoints/$n" \
     -i "$run/samples/$n.jsonl.zst" --out "$run/checkpoints/$next" --metrics "$run/metrics.jsonl.zst"
   # Only the newest checkpoint's optimizer state is needed to go on; keep the weights of all.
   if [ "$s" -gt 0 ]; then rm -f "$run/checkpoints/$n/optimizer.safetensors"; fi
