@@ -13,8 +13,9 @@ instruction.
 Tasks are the cross product WORDS x TEMPLATES. Held-out tasks are the combinations with
 (word index + template index) % len(TEMPLATES) == 0: every word and every phrasing is seen in
 training, but never that word with that phrasing. The forced-scripts file (lego-rl/forced/v1) holds
-the correct command for the demonstration tasks (the first template of each word that is a training
-task), which `rollout --forced` pushes through the proxy to make the warm-start demonstrations.
+the correct command for the demonstration tasks (DEMOS: training tasks covering every word twice
+and every phrasing), which `rollout --forced` pushes through the proxy to make the warm-start
+demonstrations.
 
 Deterministic. Usage: make_tasks.py OUT_DIR
   OUT_DIR/train/<id>/, OUT_DIR/heldout/<id>/   Harbor task directories
@@ -36,6 +37,12 @@ TEMPLATES = [
     "The answer is {w}. Save {w} to /app/answer.txt and submit.",
     "Put {w} in /app/answer.txt: the file must say {w}.",
 ]
+
+# The warm-start demonstrations: every word twice and every phrasing at least once, so the warm
+# start knows the tool-call format under each phrasing (with demonstrations of two phrasings only,
+# the held-out tasks of the other two never produced a tool call, and GSPO never saw a reward
+# there to learn from).
+DEMOS = ["echo-red-t1", "echo-red-t3", "echo-blue-t0", "echo-blue-t2", "echo-green-t0", "echo-green-t3"]
 
 TASK_TOML = """version = "1.0"
 
@@ -102,7 +109,8 @@ def main():
             write(os.path.join(d, "environment", "Dockerfile"), DOCKERFILE)
             write(os.path.join(d, "tests", "test.sh"), TEST_SH.replace("{w}", w), 0o755)
             write(os.path.join(d, "solution", "solve.sh"), f"#!/bin/bash\n{command(w)}\n", 0o755)
-            if split == "train" and w not in {k.split("-")[1] for k in demos}:
+            if tid in DEMOS:
+                assert split == "train", tid
                 demos[tid] = [[output(w)]]
     write(
         os.path.join(out, "demos.forced.json"),
