@@ -290,6 +290,13 @@ impl Trial {
                 image: self.image.clone(),
             });
         }
+        // After SIGINT/SIGTERM the sweep is removing this run's objects: create none it could miss.
+        if interrupted() {
+            return Err(SandboxError::Stage {
+                stage: "setup",
+                message: "interrupted".into(),
+            });
+        }
         let net = self.name("-net");
         self.engine.create_network(&net, self.labels()).await?;
         self.network = Some(net.clone());
@@ -671,7 +678,11 @@ pub fn install_signal_sweep(engine: Engine, run_id: String) {
             _ = term.recv() => {}
         }
         INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-        let n = engine.sweep(Some(&run_id)).await.unwrap_or(0);
+        let mut n = engine.sweep(Some(&run_id)).await.unwrap_or(0);
+        // Creations the engine had already accepted when the signal came can land after the
+        // first listing (seen with 4 trials in set-up at once): sweep again once they are in.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        n += engine.sweep(Some(&run_id)).await.unwrap_or(0);
         eprintln!("lego-rl: interrupted; removed {n} sandbox objects of run {run_id}");
         std::process::exit(130);
     });
