@@ -525,6 +525,23 @@ impl Sink<'_> {
 }
 
 /// Runs the funnel over every input and writes the outputs (all or nothing).
+/// Hands one chunk's results to the sink, then the stream's end error placed after them.
+fn take_evals(
+    sink: &mut Sink,
+    evals: Vec<Eval>,
+    end: Option<chunks::End>,
+    path: &Path,
+    line: u64,
+    progress: &ProgressBar,
+) -> Result<(), FilterError> {
+    progress.inc(evals.len() as u64);
+    sink.take_batch(evals, progress)?;
+    match end {
+        Some(end) => sink.bad(TaskError::Io(end.into_error(path, line))),
+        None => Ok(()),
+    }
+}
+
 pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError> {
     // Connects to the engine and reads the manifest before any output is opened.
     let validator = s.validity.as_ref().map(Validator::new).transpose()?;
@@ -593,17 +610,33 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError>
                             continue;
                         }
                     };
+                    // Pipelined: while the rayon workers evaluate chunk k+1, this thread hands
+                    // chunk k's results to the sink (dedupe, funnel, output), which is serial.
                     let mut line = 0;
-                    while let Some(mut chunk) = rx.next_chunk() {
-                        let (evals, n) = evaluate_chunk(s, want, &path, chunk.data(), line);
-                        let end = chunk.end.take();
-                        rx.recycle(chunk);
+                    let mut pending: Option<(Vec<Eval>, Option<chunks::End>, u64)> = None;
+                    loop {
+                        let chunk = rx.next_chunk();
+                        let mut evaluated = None;
+                        let taken = rayon::in_place_scope(|scope| {
+                            if let Some(c) = &chunk {
+                                let (path, out) = (&path, &mut evaluated);
+                                scope.spawn(move |_| {
+                                    *out = Some(evaluate_chunk(s, want, path, c.data(), line))
+                                });
+                            }
+                            match pending.take() {
+                                Some((evals, end, at)) => {
+                                    take_evals(&mut sink, evals, end, &path, at, progress)
+                                }
+                                None => Ok(()),
+                            }
+                        });
+                        taken?;
+                        let Some(mut chunk) = chunk else { break };
+                        let (evals, n) = evaluated.expect("invariant: the scope ran the evaluation");
                         line += n;
-                        progress.inc(evals.len() as u64);
-                        sink.take_batch(evals, progress)?;
-                        if let Some(end) = end {
-                            sink.bad(TaskError::Io(end.into_error(&path, line)))?;
-                        }
+                        pending = Some((evals, chunk.end.take(), line));
+                        rx.recycle(chunk);
                     }
                     continue;
                 }
