@@ -16,10 +16,12 @@
 //! - [`ChatFormat::encode`] / [`ChatFormat::decode`], [`ChatFormat::special`] (ids of
 //!   `<|im_end|>`, `<think>`, `<tool_call>`, …), [`IncrementalDecoder`] for streaming token → text.
 //! - [`ChatFormat::parse_output`]`(&output_ids, ToolCallIds, .., stops) -> ParsedOutput` splits
-//!   generated tokens, cut at the request's stop strings ([`stop`]), into reasoning, text and tool calls (Qwen3 JSON or Qwen3-Coder XML, chosen from the
-//!   template); tool-call ids are `call_<hash(trial, generation, call)>`. [`StreamParser`] does the
-//!   same incrementally and emits [`StreamEvent`]s; feeding all text at once gives the same result.
-//!   [`ChatFormat::output_stream`] wraps decoder + stop strings + parser for token-by-token streaming.
+//!   generated tokens, cut at the request's stop strings ([`stop`]), into reasoning, text and
+//!   tool calls (Qwen3 JSON or Qwen3-Coder XML, chosen from the template); tool-call ids are
+//!   `call_<hash(trial, generation, call)>`. [`StreamParser`] does the same incrementally and
+//!   emits [`StreamEvent`]s; feeding all text at once gives the same result.
+//!   [`ChatFormat::output_stream`] wraps decoder + stop strings + parser for token-by-token
+//!   streaming.
 //! - [`ChatFormat::faithful_prompt`] builds request k+1's prompt from generation k's captured
 //!   prompt + output ids and a suffix derived from the template, or says why a new segment must
 //!   start ([`SpliceBreak`]).

@@ -524,7 +524,6 @@ impl Sink<'_> {
     }
 }
 
-/// Runs the funnel over every input and writes the outputs (all or nothing).
 /// Hands one chunk's results to the sink, then the stream's end error placed after them.
 fn take_evals(
     sink: &mut Sink,
@@ -542,6 +541,7 @@ fn take_evals(
     }
 }
 
+/// Runs the funnel over every input and writes the outputs (all or nothing).
 pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Summary, FilterError> {
     // Connects to the engine and reads the manifest before any output is opened.
     let validator = s.validity.as_ref().map(Validator::new).transpose()?;
