@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 
 use super::messages::{common_prefix, link, same_message, Link};
 use super::{AlignError, Settings};
-use crate::chat::{parse, Conversation, Message, Role, ToolCallIds};
+use crate::chat::{Conversation, Message, Role, ToolCallIds};
 use crate::records::{AlignStats, Generation, LossMask, Packed, Record, Sample, Trajectory};
 
 /// A generation's recorded routing, decoded.
@@ -121,15 +121,14 @@ fn decode_captured(
     g: &Generation,
     conv: &Conversation,
 ) -> Result<Message, AlignError> {
-    let tail = &g.prompt_ids[g.prompt_ids.len().saturating_sub(64)..];
-    let prompt_tail = chat
-        .decode(tail, false)
+    let in_reasoning = chat
+        .prompt_ends_in_reasoning(&g.prompt_ids)
         .map_err(|e| bad(t, pos, "prompt_ids", e.to_string()))?;
     let parsed = chat
         .parse_output(
             &g.output_ids,
             ToolCallIds::new(t.id.clone(), g.index as u64),
-            parse::ends_inside_think(&prompt_tail),
+            in_reasoning,
             &conv.tools,
             // Cut where the proxy cut the answer: the harness echoes the text without the stop
             // string (and whatever the engine produced with the token that completed it).

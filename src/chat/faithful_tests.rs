@@ -48,7 +48,7 @@ struct Gen {
 fn generate(fmt: &ChatFormat, conv: &Conversation, opts: &RenderOptions, output_text: &str) -> Gen {
     let prompt = fmt.prompt_ids(conv, opts).unwrap();
     let output = fmt.encode(output_text).unwrap();
-    let start = fmt.starts_in_reasoning(conv, opts).unwrap();
+    let start = fmt.prompt_ends_in_reasoning(&prompt).unwrap();
     let p = fmt
         .parse_output(&output, ToolCallIds::new("trial", 0), start, &conv.tools, &[])
         .unwrap();

@@ -164,11 +164,13 @@ impl ChatFormat {
         self.encode(&self.render(conv, opts)?)
     }
 
-    /// Whether a generation prompt rendered with `opts` leaves the model inside a `<think>` block
-    /// (templates that open it themselves), so output starts with reasoning.
-    pub fn starts_in_reasoning(&self, conv: &Conversation, opts: &RenderOptions) -> Result<bool, ChatError> {
-        let prompt = self.render(conv, opts)?;
-        Ok(parse::ends_inside_think(&prompt))
+    /// Whether a generation prompt leaves the model inside a `<think>` block (templates that open
+    /// it themselves), so output starts with reasoning. Read from the prompt's last 64 tokens —
+    /// the ones the engine was given, faithful or rendered — so nothing is rendered again, and
+    /// the proxy (answering) and `align` (re-parsing the capture) apply the same rule.
+    pub fn prompt_ends_in_reasoning(&self, prompt_ids: &[u32]) -> Result<bool, ChatError> {
+        let tail = &prompt_ids[prompt_ids.len().saturating_sub(64)..];
+        Ok(parse::ends_inside_think(&self.decode(tail, false)?))
     }
 
     /// A streaming parser for this model's output.
@@ -281,6 +283,26 @@ pub(crate) fn testdata(rel: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompt_ends_in_reasoning_reads_the_prompt_tail() {
+        let fmt = ChatFormat::from_model_dir(&testdata("tokenizer/qwen3")).unwrap();
+        let long_user = "word ".repeat(200);
+        let ends = |tail: &str| {
+            let text = format!("<|im_start|>user\n{long_user}<|im_end|>\n<|im_start|>assistant\n{tail}");
+            fmt.prompt_ends_in_reasoning(&fmt.encode(&text).unwrap()).unwrap()
+        };
+        assert!(ends("<think>\n"), "a template that opens the think block");
+        assert!(
+            !ends("<think>\n\n</think>\n\n"),
+            "thinking off: an empty, closed block"
+        );
+        assert!(!ends(""));
+        // An earlier closed block does not count; only the tail decides.
+        assert!(!ends(
+            "<think>\nx\n</think>\n\nDone.<|im_end|>\n<|im_start|>assistant\n"
+        ));
+    }
 
     #[test]
     fn token_stream_agrees_with_parse_output() {

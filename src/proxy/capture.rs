@@ -390,7 +390,11 @@ pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc
     let (tx, rx) = tokio::sync::mpsc::channel(256);
     tokio::spawn(async move {
         let ids = tool_call_ids(&p.trial, p.api, p.record.index);
-        let starts_in_reasoning = !p.raw && state.chat.starts_in_reasoning(&p.conv, &p.opts).unwrap_or(false);
+        let starts_in_reasoning = !p.raw
+            && state
+                .chat
+                .prompt_ends_in_reasoning(&p.record.prompt_ids)
+                .unwrap_or(false);
         let tools = p.conv.tools.clone();
         let chat_parser = (!p.raw).then(|| {
             state
@@ -516,7 +520,7 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
     let parser = if raw {
         Ok(None)
     } else {
-        chat.starts_in_reasoning(&conv, &opts)
+        chat.prompt_ends_in_reasoning(&record.prompt_ids)
             .map(|r| Some(chat.stream_parser(ids, r).with_tools(&conv.tools)))
     };
     let parsed = parser.and_then(|p| chat.parse_text(&out.output_ids, p, &record.sampling.stop));
