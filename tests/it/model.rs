@@ -224,9 +224,17 @@ fn packed_sequences_equal_separate_forwards() {
     }
 }
 
+/// Prefill then one token at a time through the KV cache gives the full forward's log-probs, for
+/// the dense model and for the MoE (whose one-token steps take the direct expert path).
 #[test]
 fn kv_cache_decoding_equals_full_forward() {
-    let model = Model::load(&tiny_dense(), Device::Cpu, None).unwrap();
+    for dir in [tiny_dense(), tiny_moe()] {
+        kv_cache_decoding_equals_full_forward_of(&dir);
+    }
+}
+
+fn kv_cache_decoding_equals_full_forward_of(dir: &Path) {
+    let model = Model::load(dir, Device::Cpu, None).unwrap();
     let ids: Vec<i64> = (0..20).map(|i| (i * 97 + 13) % 4096).collect();
     let (full, _, _) = seq_logprobs(&model.lm, &ids, None);
     let _g = tch::no_grad_guard();
@@ -249,7 +257,7 @@ fn kv_cache_decoding_equals_full_forward() {
         assert_eq!(cache.len(), fed as i64);
     }
     let d = max_abs_diff(&got, &full);
-    assert!(d < 1e-5, "cached vs full |Δ| {d}");
+    assert!(d < 1e-5, "{}: cached vs full |Δ| {d}", dir.display());
 }
 
 #[test]
