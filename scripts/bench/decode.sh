@@ -8,6 +8,12 @@
 # engine >= 2x transformers), and how many of the greedy tokens agree (same work done).
 # A fifth argument TEMPERATURE > 0 measures plain temperature sampling on both sides instead (top_k=0,
 # top_p=1 for transformers; the tokens then differ, the work per token does not).
+# Then, in the same run, concurrent throughput of the engine alone: 1, 4 and 8 requests at once
+# (NEW_TOKENS each), with batched decode (one forward for all decoding sequences) and with the
+# decode batch capped at 1 (the former interleaving: one forward per sequence per step); prints
+# tokens/s of both, batched/interleaved, each level's throughput over 1 request, and how many
+# tokens both produced alike (all when greedy; sampling the random model's nearly uniform
+# distribution can part on ~1e-6 log-prob noise from the batched matmuls' summation order).
 # Usage: scripts/bench/decode.sh [NEW_TOKENS] [RUNS] [THREADS] [PROMPT_TOKENS] [TEMPERATURE]
 #        (default 128 5 1 64 0)
 set -euo pipefail
@@ -36,10 +42,14 @@ engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" 
 hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp")
 echo "$engine" | grep -v '^engine_ids='
 echo "$hf" | grep -v '^hf_ids='
-eval "$(echo "$engine" | grep -E '^engine_(tok_per_s|ids)=')"
+eval "$(echo "$engine" | grep -E '^(engine_(tok_per_s|ids)|concurrent_[a-z_]+)=')"
 eval "$(echo "$hf" | grep -E '^hf_(tok_per_s|ids)=')"
 same=$(awk -v a="$engine_ids" -v b="$hf_ids" 'BEGIN { n = split(a, x, ","); split(b, y, ","); for (i = 1; i <= n && x[i] == y[i]; i++); print i - 1 }')
 mode=greedy
 [ "$temp" = 0 ] || mode="sampled T=$temp"
 awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" -v m="$mode" 'BEGIN {
   printf "decode tiny-qwen3-moe CPU fp32 %s, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); tokens equal for the first %d of %d\n", m, p, n, t, e, h, e / h, s, n }'
+awk -v l="$concurrent_levels" -v b="$concurrent_batched_tok_per_s" -v i="$concurrent_interleaved_tok_per_s" -v q="$concurrent_equal_tokens" -v n="$new" -v t="$threads" -v m="$mode" 'BEGIN {
+  k = split(l, lv, ","); split(b, bv, ","); split(i, iv, ","); split(q, qv, ",")
+  for (j = 1; j <= k; j++)
+    printf "concurrent %s, %s x %d new tokens, %d thread(s): batched %.0f tok/s (%.2fx of 1 request), interleaved %.0f tok/s (%.2fx of 1 request), batched/interleaved %.2fx; tokens equal %s\n", m, lv[j], n, t, bv[j], bv[j] / bv[1], iv[j], iv[j] / iv[1], bv[j] / iv[j], qv[j] }'

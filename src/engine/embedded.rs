@@ -9,8 +9,17 @@
 //! exactly what was sampled, and the proxy cuts the text it returns.
 //!
 //! One worker thread owns the model. Requests queue on a channel; the worker keeps every active
-//! sequence with its own KV cache and advances them one decode step each in turn, so a long
-//! generation does not hold the engine for others (interleaving, not yet batched matmuls).
+//! sequence with its own KV cache. Each iteration advances every sequence by one token: all the
+//! sequences past their prompt go through ONE batched decode forward
+//! ([`crate::model::CausalLm::decode_batch`]: embeddings, projections, norms, experts and the LM
+//! head on `[B, hidden]`, attention per sequence over its own cache), then each new sequence's
+//! prompt is prefilled in a forward of its own. A decode step is dominated by reading weights (on
+//! CPU the 151936-wide LM head alone is about half of it); B sequences now read them once, not B
+//! times. Sampling stays per sequence (own seeded rng, own row of log-probs); sequences join and
+//! leave the batch between steps. A lone sequence computes exactly as before batching; in a batch
+//! its log-probs move by summation order only (~1e-6), which can change a token drawn from a nearly
+//! flat distribution now and then (a random model at T = 1). A cap of 1 on the batch
+//! ([`EmbeddedBackend::start_with_decode_batch`]) is the former one-forward-per-sequence interleaving.
 //! Log-probs are of the model's own distribution (temperature 1), the quantity the trainer
 //! recomputes; the sampling distribution applies temperature / top-k / top-p on top.
 
@@ -61,8 +70,12 @@ pub struct EngineCounts {
     pub completed: u64,
     /// Generations abandoned because their requester went away (client disconnected).
     pub cancelled: u64,
-    /// Model forward passes (prefills and decode steps).
+    /// Model forward passes: one per prefill (a new sequence's prompt) and one per decode step,
+    /// where a decode step forwards the pending token of every decoding sequence at once (up to
+    /// the decode-batch cap). With one sequence at a time, prefill + one per output token.
     pub forwards: u64,
+    /// The most sequences one decode forward has covered so far.
+    pub largest_decode_batch: usize,
 }
 
 #[derive(Debug, Default)]
@@ -71,11 +84,23 @@ struct Counters {
     completed: AtomicU64,
     cancelled: AtomicU64,
     forwards: AtomicU64,
+    largest_decode_batch: AtomicUsize,
 }
 
 impl EmbeddedBackend {
     /// Loads the checkpoint in `dir` on `device` and starts the worker.
     pub fn start(dir: &Path, device: Device) -> Result<Self, EngineError> {
+        Self::start_with_decode_batch(dir, device, usize::MAX)
+    }
+
+    /// [`Self::start`] with at most `max_batch` sequences (at least 1) per decode forward; more
+    /// decoding sequences take several forwards per step. 1 is the engine before batched decode
+    /// (one forward per sequence per step), which scripts/bench/decode.sh measures against.
+    pub fn start_with_decode_batch(
+        dir: &Path,
+        device: Device,
+        max_batch: usize,
+    ) -> Result<Self, EngineError> {
         let failed = |msg: String| EngineError::Failed { backend: NAME, msg };
         let model = Model::load(dir, device, None).map_err(|e| failed(e.to_string()))?;
         let moe = model.lm.moe_layers();
@@ -96,7 +121,7 @@ impl EmbeddedBackend {
         let c = counters.clone();
         std::thread::Builder::new()
             .name("lego-rl-engine".into())
-            .spawn(move || worker(model, tokenizer, rx, &c))
+            .spawn(move || worker(model, tokenizer, rx, &c, max_batch.max(1)))
             .map_err(|e| failed(e.to_string()))?;
         Ok(EmbeddedBackend {
             tx,
@@ -116,6 +141,7 @@ impl EmbeddedBackend {
             completed: c.completed.load(Ordering::SeqCst),
             cancelled: c.cancelled.load(Ordering::SeqCst),
             forwards: c.forwards.load(Ordering::SeqCst),
+            largest_decode_batch: c.largest_decode_batch.load(Ordering::SeqCst),
         }
     }
 
@@ -209,7 +235,13 @@ struct Seq {
     stop: Option<(IncrementalDecoder, StopStrings)>,
 }
 
-fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver<Msg>, counters: &Counters) {
+fn worker(
+    mut model: Model,
+    tokenizer: Option<ChatTokenizer>,
+    rx: mpsc::Receiver<Msg>,
+    counters: &Counters,
+    max_batch: usize,
+) {
     let _guard = tch::no_grad_guard();
     let mut active: Vec<Seq> = Vec::new();
     let mut reload: Option<(PathBuf, tokio::sync::oneshot::Sender<Result<(), EngineError>>)> = None;
@@ -257,9 +289,23 @@ fn worker(mut model: Model, tokenizer: Option<ChatTokenizer>, rx: mpsc::Receiver
                 // The requester went away (client disconnected): stop computing.
                 seq.finish = Some(FinishReason::Other);
                 seq.cancelled = true;
-                continue;
             }
-            step(&model, tokenizer.as_ref(), seq, &mut scratch);
+        }
+        // One token for every sequence: the decoding ones batched, then the new ones' prompts
+        // (chosen first, so a sequence prefilled now joins the batch at the next step).
+        let (mut decoding, new): (Vec<&mut Seq>, Vec<&mut Seq>) = active
+            .iter_mut()
+            .filter(|s| s.finish.is_none())
+            .partition(|s| s.pending.is_some());
+        for batch in decoding.chunks_mut(max_batch) {
+            decode(&model, tokenizer.as_ref(), batch, &mut scratch);
+            counters.forwards.fetch_add(1, Ordering::SeqCst);
+            counters
+                .largest_decode_batch
+                .fetch_max(batch.len(), Ordering::SeqCst);
+        }
+        for seq in new {
+            prefill(&model, tokenizer.as_ref(), seq, &mut scratch);
             counters.forwards.fetch_add(1, Ordering::SeqCst);
         }
         let (done, rest): (Vec<Seq>, Vec<Seq>) = active.drain(..).partition(|s| s.finish.is_some());
@@ -327,43 +373,102 @@ impl Seq {
     }
 }
 
-/// Forwards the pending tokens (the prompt on the first step), then picks the next token.
-/// Per-worker buffers of [`step`]: the next-token log-probs and sampling probabilities.
+/// Per-worker buffers of a step: the next-token log-probs of every row and sampling probabilities.
 #[derive(Default)]
 struct Scratch {
     logp: Vec<f32>,
     probs: Vec<f32>,
 }
 
-/// Copies a 1-d float tensor into `buf` (resized, not reallocated once large enough).
+/// Copies a float tensor's elements into `buf` (resized, not reallocated once large enough).
 fn copy_into(t: &Tensor, buf: &mut Vec<f32>) {
     let numel = t.numel();
     buf.resize(numel, 0.0);
     t.copy_data(&mut buf[..], numel);
 }
 
-fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, scratch: &mut Scratch) {
+/// Forwards the whole prompt of a new sequence (a forward of its own), then picks its first token.
+fn prefill(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, scratch: &mut Scratch) {
     let device = model.device();
-    let (ids, start): (Vec<i64>, i64) = match seq.pending {
-        None => (seq.req.prompt_ids.iter().map(|&t| t as i64).collect(), 0),
-        Some(t) => (
-            vec![t as i64],
-            (seq.req.prompt_ids.len() + seq.output.len() - 1) as i64,
-        ),
-    };
+    let ids: Vec<i64> = seq.req.prompt_ids.iter().map(|&t| t as i64).collect();
+    let n = ids.len() as i64;
     let tokens = Tensor::from_slice(&ids).to_device(device);
-    let positions = Tensor::arange_start(start, start + ids.len() as i64, (Kind::Int64, device));
+    let positions = Tensor::arange(n, (Kind::Int64, device));
     let out = model
         .lm
         .forward(&ForwardInput::causal(&tokens, &positions), Some(&mut seq.cache));
     if let Some(r) = out.routing {
         seq.routing.push(r.to_device(Device::Cpu));
     }
-    let last = out.hidden.narrow(0, ids.len() as i64 - 1, 1);
-    let logits = model.lm.logits(&last).to_kind(Kind::Float).squeeze_dim(0);
-    let logp_t = logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu);
-    copy_into(&logp_t, &mut scratch.logp);
-    let logp = &scratch.logp;
+    pick_next(
+        model,
+        tokenizer,
+        &mut [seq],
+        &out.hidden.narrow(0, n - 1, 1),
+        scratch,
+    );
+}
+
+/// Forwards the pending token of every sequence in `batch` in one batched forward, then picks
+/// each one's next token.
+fn decode(model: &Model, tokenizer: Option<&ChatTokenizer>, batch: &mut [&mut Seq], scratch: &mut Scratch) {
+    let device = model.device();
+    let (ids, positions): (Vec<i64>, Vec<i64>) = batch
+        .iter()
+        .map(|s| {
+            let pending = s
+                .pending
+                .expect("invariant: a decoding sequence has a pending token");
+            // The pending token is the last output token, right after the prompt and the others.
+            (
+                pending as i64,
+                (s.req.prompt_ids.len() + s.output.len() - 1) as i64,
+            )
+        })
+        .unzip();
+    let tokens = Tensor::from_slice(&ids).to_device(device);
+    let positions = Tensor::from_slice(&positions).to_device(device);
+    let mut caches: Vec<&mut KvCache> = batch.iter_mut().map(|s| &mut s.cache).collect();
+    let out = model.lm.decode_batch(&tokens, &positions, &mut caches);
+    if let Some(r) = out.routing {
+        let r = r.to_device(Device::Cpu);
+        for (b, seq) in batch.iter_mut().enumerate() {
+            // A copy: a view would keep the whole batch's rows alive for the generation's life.
+            seq.routing.push(r.narrow(0, b as i64, 1).copy());
+        }
+    }
+    pick_next(model, tokenizer, batch, &out.hidden, scratch);
+}
+
+/// Projects `hidden` (`[B, hidden]`, row b = the last position of `seqs[b]`) through the LM head
+/// in one matmul and picks each sequence's next token from its own row.
+fn pick_next(
+    model: &Model,
+    tokenizer: Option<&ChatTokenizer>,
+    seqs: &mut [&mut Seq],
+    hidden: &Tensor,
+    scratch: &mut Scratch,
+) {
+    let logits = model.lm.logits(hidden).to_kind(Kind::Float);
+    let logp_all = logits.log_softmax(-1, Kind::Float).to_device(Device::Cpu);
+    copy_into(&logp_all, &mut scratch.logp);
+    let vocab = scratch.logp.len() / seqs.len().max(1);
+    for (b, seq) in seqs.iter_mut().enumerate() {
+        let logp = &scratch.logp[b * vocab..(b + 1) * vocab];
+        advance(tokenizer, seq, logp, &logp_all.get(b as i64), &mut scratch.probs);
+    }
+}
+
+/// Picks the next token of `seq` from its next-token log-probs (`logp`, and the same as a CPU
+/// tensor `logp_t`) — forced, or sampled with the sequence's own rng — records it and decides
+/// whether the sequence is done.
+fn advance(
+    tokenizer: Option<&ChatTokenizer>,
+    seq: &mut Seq,
+    logp: &[f32],
+    logp_t: &Tensor,
+    probs: &mut Vec<f32>,
+) {
     let n = seq.output.len();
     let next = match &seq.req.forced_output {
         Some(forced) => match forced.get(n) {
@@ -377,11 +482,8 @@ fn step(model: &Model, tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, scratch
             Some(t) => {
                 // Vectorized by libtorch: a scalar `exp` per vocabulary entry in Rust cost more
                 // than the LM head itself. softmax(logp / T) = softmax(logits / T).
-                copy_into(
-                    &(&logp_t / f64::from(t)).softmax(-1, Kind::Float),
-                    &mut scratch.probs,
-                );
-                sample_probs(&scratch.probs, logp, &mut seq.rng)
+                copy_into(&(logp_t / f64::from(t)).softmax(-1, Kind::Float), probs);
+                sample_probs(probs, logp, &mut seq.rng)
             }
             None => sample(logp, &seq.req, &mut seq.rng),
         },

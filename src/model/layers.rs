@@ -193,14 +193,64 @@ impl Attention {
         mask: &AttnMask,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Tensor {
+        let (q, k, v) = self.qkv(x, cos, sin);
+        linear(&self.attend(&q, k, v, mask, cache), &self.o_proj)
+    }
+
+    /// One decode step of B sequences: row b of `x` (`[B, hidden]`, `cos`/`sin` `[B, head_dim]`)
+    /// is the next token of the sequence whose cache slot is `slots[b]`. The projections run on
+    /// all B rows at once; attention runs per sequence over its own cache.
+    ///
+    /// Why a loop and not a padded `[B, heads, max_past, D]` attention: the caches have different
+    /// lengths, and padding would copy every cache into a fresh padded block at every layer of
+    /// every step (the caches are grown by concatenation, not preallocated), and would change
+    /// each row's softmax summation (masked slots) so a sequence's output would depend on its
+    /// batch. The loop does exactly the one-sequence arithmetic, and one token's attention is
+    /// a small share of a decode step next to the matmuls that batching shares.
+    pub fn decode(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        slots: Vec<&mut Option<(Tensor, Tensor)>>,
+    ) -> Tensor {
+        let (q, k, v) = self.qkv(x, cos, sin);
+        let rows: Vec<Tensor> = slots
+            .into_iter()
+            .enumerate()
+            .map(|(b, slot)| {
+                let row = |t: &Tensor| t.narrow(1, b as i64, 1);
+                self.attend(&row(&q), row(&k), row(&v), &AttnMask::Causal, Some(slot))
+            })
+            .collect();
+        linear(&Tensor::cat(&rows, 0), &self.o_proj)
+    }
+
+    /// Queries, keys and values of `x` (`[T, hidden]`) after the q/k norms and RoPE:
+    /// `[heads, T, D]`, `[kv_heads, T, D]`, `[kv_heads, T, D]`.
+    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {
         let t = x.size()[0];
         let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
         let q = Self::project(x, &self.q_proj, &self.q_bias).view([t, h, d]);
         let k = Self::project(x, &self.k_proj, &self.k_bias).view([t, kvh, d]);
         let v = Self::project(x, &self.v_proj, &self.v_bias).view([t, kvh, d]);
         let q = apply_rope(&self.q_norm.forward(&q).transpose(0, 1), cos, sin);
-        let mut k = apply_rope(&self.k_norm.forward(&k).transpose(0, 1), cos, sin);
-        let mut v = v.transpose(0, 1);
+        let k = apply_rope(&self.k_norm.forward(&k).transpose(0, 1), cos, sin);
+        (q, k, v.transpose(0, 1))
+    }
+
+    /// Attention of the T queries `q` over the keys and values `k`, `v` (appended to `cache`
+    /// first): `[T, heads·D]`, before the output projection.
+    fn attend(
+        &self,
+        q: &Tensor,
+        mut k: Tensor,
+        mut v: Tensor,
+        mask: &AttnMask,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Tensor {
+        let t = q.size()[1];
+        let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
         let mut past = 0;
         if let Some(slot) = cache {
             if let Some((pk, pv)) = slot.as_ref() {
@@ -230,7 +280,7 @@ impl Attention {
             }
             AttnMask::Causal => {
                 // Continuing a cache: query i (absolute past+i) sees keys 0..=past+i.
-                let dev = x.device();
+                let dev = q.device();
                 let qpos = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(1) + past;
                 let kpos = Tensor::arange(past + t, (Kind::Int64, dev)).unsqueeze(0);
                 let m = kpos.le_tensor(&qpos);
@@ -240,8 +290,7 @@ impl Attention {
                 Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*m), 0.0, false, scale, false)
             }
         };
-        let out = out.squeeze_dim(0).transpose(0, 1).reshape([t, h * d]);
-        linear(&out, &self.o_proj)
+        out.squeeze_dim(0).transpose(0, 1).reshape([t, h * d])
     }
 }
 

@@ -7,7 +7,8 @@
 //! - The head ([`CausalLm::next_token_logprobs_chunked`], [`CausalLm::backward_logprobs`])
 //!   scores only the positions asked for, in chunks of positions, without keeping
 //!   `[positions, vocab]` logits for the backward.
-//! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally.
+//! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally;
+//!   [`CausalLm::decode_batch`] decodes one token of several sequences (own caches) in one forward.
 
 mod checkpoint;
 mod config;

@@ -96,7 +96,9 @@ impl SparseMoe {
         out
     }
 
-    /// One token (a decode step): its k experts one after another, no sort, gather or scatter.
+    /// One token (a decode step of a lone sequence; a batched decode step of B sequences is B
+    /// tokens and takes the grouped path): its k experts one after another, no sort, gather or
+    /// scatter.
     /// The same products summed in the same order as [`SparseMoe::dispatch`]'s `index_add`
     /// (ascending expert id), so both paths give identical results.
     fn dispatch_one(&self, x: &Tensor, ids: &Tensor, gates: &Tensor) -> Tensor {

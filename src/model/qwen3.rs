@@ -6,6 +6,8 @@
 //! it returns the final-normed hidden states and, for MoE models, the routing it used and the
 //! router's own choice. Logits are computed separately ([`CausalLm::logits`]) so the trainer can
 //! project only the positions it needs through the 151936-wide head, in chunks (`head.rs`).
+//! [`CausalLm::decode_batch`] advances B sequences, each with its own cache, by one token in one
+//! forward: everything but attention on `[B, hidden]` rows (the inference engine's decode step).
 
 use tch::{nn, Kind, Tensor};
 
@@ -60,9 +62,17 @@ impl DecoderLayer {
         slot: Option<&mut Option<(Tensor, Tensor)>>,
         replay: Option<&Tensor>,
     ) -> (Tensor, Option<MoeRouting>) {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x), cos, sin, mask, slot);
+        self.forward_with(x, |attn, h| attn.forward(h, cos, sin, mask, slot), replay)
+    }
+
+    /// [`Self::forward`] with the attention given as `attend(self_attn, norm(x))`.
+    fn forward_with(
+        &self,
+        x: &Tensor,
+        attend: impl FnOnce(&Attention, &Tensor) -> Tensor,
+        replay: Option<&Tensor>,
+    ) -> (Tensor, Option<MoeRouting>) {
+        let h = attend(&self.self_attn, &self.input_layernorm.forward(x));
         // Out of place: autograd saved `x` for the norm's backward (`+=` would be in place).
         let x = x + h;
         let hn = self.post_attention_layernorm.forward(&x);
@@ -152,19 +162,64 @@ impl CausalLm {
 
     /// Runs the decoder; `cache` must only be used with [`AttnMask::Causal`].
     pub fn forward(&self, input: &ForwardInput, mut cache: Option<&mut KvCache>) -> ForwardOutput {
-        let mut x = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
-        let (cos, sin) = rope_tables(&self.cfg, input.positions, x.kind());
         if let Some(c) = cache.as_deref_mut() {
-            if c.layers_len() != self.layers.len() {
-                *c = KvCache::new(self.layers.len());
-            }
+            self.fit_cache(c);
         }
+        self.run(
+            input.tokens,
+            input.positions,
+            input.replay,
+            |i, attn, h, cos, sin| {
+                let slot = cache.as_deref_mut().map(|c| c.slot(i));
+                attn.forward(h, cos, sin, &input.mask, slot)
+            },
+        )
+    }
+
+    /// One decode step of B sequences in one forward: row b of `tokens` and `positions` (`[B]`
+    /// int64) is the next token of the sequence whose cache is `caches[b]`, at its position.
+    /// Embeddings, projections, norms, MLP / experts (the grouped MoE dispatch for B > 1) run on
+    /// `[B, hidden]`; attention runs per sequence over its own cache (`Attention::decode`).
+    /// Returns hidden `[B, hidden]` and, for MoE models, routing `[B, moe_layers, k]`: row b is
+    /// what a one-token [`Self::forward`] of sequence b alone gives, up to float summation order.
+    pub fn decode_batch(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        caches: &mut [&mut KvCache],
+    ) -> ForwardOutput {
+        for c in caches.iter_mut() {
+            self.fit_cache(c);
+        }
+        self.run(tokens, positions, None, |i, attn, h, cos, sin| {
+            let slots = caches.iter_mut().map(|c| c.slot(i)).collect();
+            attn.decode(h, cos, sin, slots)
+        })
+    }
+
+    /// A cache made for another layer count starts over (empty) for this model.
+    fn fit_cache(&self, cache: &mut KvCache) {
+        if cache.layers_len() != self.layers.len() {
+            *cache = KvCache::new(self.layers.len());
+        }
+    }
+
+    /// Embeddings → layers → final norm, with each layer's attention done by
+    /// `attend(layer index, self_attn, normed input, cos, sin)`.
+    fn run(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        replay: Option<&Tensor>,
+        mut attend: impl FnMut(usize, &Attention, &Tensor, &Tensor, &Tensor) -> Tensor,
+    ) -> ForwardOutput {
+        let mut x = Tensor::embedding(&self.embed_tokens, tokens, -1, false, false);
+        let (cos, sin) = rope_tables(&self.cfg, positions, x.kind());
         let mut used = Vec::new();
         let mut own = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_deref_mut().map(|c| c.slot(i));
-            let replay = input.replay.map(|r| r.select(1, used.len() as i64));
-            let (y, routing) = layer.forward(&x, &cos, &sin, &input.mask, slot, replay.as_ref());
+            let replay = replay.map(|r| r.select(1, used.len() as i64));
+            let (y, routing) = layer.forward_with(&x, |a, h| attend(i, a, h, &cos, &sin), replay.as_ref());
             x = y;
             if let Some(r) = routing {
                 used.push(r.used);

@@ -260,6 +260,115 @@ fn kv_cache_decoding_equals_full_forward_of(dir: &Path) {
     assert!(d < 1e-5, "{}: cached vs full |Δ| {d}", dir.display());
 }
 
+/// Sequences of different prompt lengths decoded together (`decode_batch`, joining and leaving
+/// the batch at different steps) get, row for row, the log-probs and routing of decoding each
+/// alone: for the dense model, and for the MoE, where a batch of several tokens takes the
+/// grouped expert dispatch and a lone token the direct one-token path.
+#[test]
+fn batched_decoding_equals_decoding_each_alone() {
+    for dir in [tiny_dense(), tiny_moe()] {
+        batched_decoding_equals_decoding_each_alone_of(&dir);
+    }
+}
+
+/// Next-token log-probs `[T, vocab]` and routing of one forward that continues `cache`.
+fn cached_step(lm: &CausalLm, ids: &[i64], start: usize, cache: &mut KvCache) -> (Tensor, Option<Tensor>) {
+    let t = Tensor::from_slice(ids);
+    let pos = Tensor::arange_start(
+        start as i64,
+        (start + ids.len()) as i64,
+        (Kind::Int64, Device::Cpu),
+    );
+    let out = lm.forward(&ForwardInput::causal(&t, &pos), Some(cache));
+    (lm.logits(&out.hidden).log_softmax(-1, Kind::Float), out.routing)
+}
+
+fn batched_decoding_equals_decoding_each_alone_of(dir: &Path) {
+    let model = Model::load(dir, Device::Cpu, None).unwrap();
+    let lm = &model.lm;
+    let _g = tch::no_grad_guard();
+    // (prompt length, first step in the batch, decode steps) per sequence.
+    let plan = [(3usize, 0usize, 6usize), (11, 0, 2), (6, 1, 5), (15, 3, 4)];
+    let ids: Vec<Vec<i64>> = plan
+        .iter()
+        .enumerate()
+        .map(|(s, &(n, _, steps))| {
+            (0..n + steps)
+                .map(|i| ((i * 97 + s * 389 + 13) % 4096) as i64)
+                .collect()
+        })
+        .collect();
+    let prefilled = |n: usize, ids: &[i64]| {
+        let mut cache = KvCache::new(0);
+        let _ = cached_step(lm, &ids[..n], 0, &mut cache);
+        cache
+    };
+    // Alone: prefill, then one token per forward.
+    let alone: Vec<Vec<(Tensor, Option<Tensor>)>> = plan
+        .iter()
+        .zip(&ids)
+        .map(|(&(n, _, steps), ids)| {
+            let mut cache = prefilled(n, ids);
+            (n..n + steps)
+                .map(|p| cached_step(lm, &ids[p..=p], p, &mut cache))
+                .collect()
+        })
+        .collect();
+    // Batched: each sequence prefilled alone, then its decode steps in batches of whichever
+    // sequences are decoding at that step.
+    let mut caches: Vec<KvCache> = plan
+        .iter()
+        .zip(&ids)
+        .map(|(&(n, _, _), ids)| prefilled(n, ids))
+        .collect();
+    let mut widest = 0;
+    for step in 0..10 {
+        let members: Vec<usize> = (0..plan.len())
+            .filter(|&s| (plan[s].1..plan[s].1 + plan[s].2).contains(&step))
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        widest = widest.max(members.len());
+        let at = |s: usize| plan[s].0 + step - plan[s].1;
+        let tokens = Tensor::from_slice(&members.iter().map(|&s| ids[s][at(s)]).collect::<Vec<_>>());
+        let positions = Tensor::from_slice(&members.iter().map(|&s| at(s) as i64).collect::<Vec<_>>());
+        let mut batch: Vec<&mut KvCache> = caches
+            .iter_mut()
+            .enumerate()
+            .filter(|(s, _)| members.contains(s))
+            .map(|(_, c)| c)
+            .collect();
+        let out = lm.decode_batch(&tokens, &positions, &mut batch);
+        assert_eq!(out.hidden.size(), [members.len() as i64, lm.cfg.hidden_size]);
+        let logp = lm.logits(&out.hidden).log_softmax(-1, Kind::Float);
+        for (row, &s) in members.iter().enumerate() {
+            let (want_logp, want_routing) = &alone[s][step - plan[s].1];
+            let got = logp.narrow(0, row as i64, 1);
+            let d = (&got - want_logp).abs().max().double_value(&[]);
+            assert!(
+                d <= 1e-4,
+                "{}: sequence {s} step {step}: |Δ log-prob| {d}",
+                dir.display()
+            );
+            match (&out.routing, want_routing) {
+                (Some(r), Some(w)) => assert!(
+                    r.narrow(0, row as i64, 1).equal(w),
+                    "{}: sequence {s} step {step}: routing differs",
+                    dir.display()
+                ),
+                (None, None) => {}
+                _ => panic!("routing present on one side only"),
+            }
+        }
+        for (s, c) in caches.iter().enumerate() {
+            let fed = plan[s].0 + (step + 1).saturating_sub(plan[s].1).min(plan[s].2);
+            assert_eq!(c.len(), fed as i64, "sequence {s}'s cache after step {step}");
+        }
+    }
+    assert_eq!(widest, 3, "the plan has a step with three sequences in the batch");
+}
+
 #[test]
 fn missing_tensor_is_named() {
     let tmp = tempfile::tempdir().unwrap();
