@@ -19,9 +19,9 @@ import transformers
 TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testdata", "tokenizer", "qwen3")
 
 
-def build(out, seed):
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen3Config(
+def config():
+    """The model's transformers config (simulate.py builds the same model)."""
+    return transformers.Qwen3Config(
         vocab_size=151936,
         hidden_size=128,
         intermediate_size=384,
@@ -36,7 +36,11 @@ def build(out, seed):
         bos_token_id=151643,
         eos_token_id=151645,
     )
-    transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(out)
+
+
+def build(out, seed):
+    torch.manual_seed(seed)
+    transformers.Qwen3ForCausalLM(config()).eval().save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copyfile(os.path.join(TOKENIZER, name), os.path.join(out, name))
 

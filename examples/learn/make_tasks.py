@@ -10,39 +10,86 @@ which mini-swe-agent runs and then submits (the first output line is its submit 
 is a single generation. The only task-specific part of the answer is the word, stated in the
 instruction.
 
-Tasks are the cross product WORDS x TEMPLATES. Held-out tasks are the combinations with
-(word index + template index) % len(TEMPLATES) == 0: every word and every phrasing is seen in
-training, but never that word with that phrasing. The forced-scripts file (lego-rl/forced/v1) holds
-the correct command for the demonstration tasks (DEMOS: training tasks covering every word twice
-and every phrasing), which `rollout --forced` pushes through the proxy to make the warm-start
-demonstrations.
+Tasks are WORDS x phrasings(), the phrasings being OPENERS x CLOSERS (64) followed by the word said
+REPEAT more times. Held-out tasks are the 8 phrasings (opener i, closer i): every held-out phrasing is
+new (its words were seen, in other combinations), so a policy that only memorised its training
+phrasings gains nothing there. Train: the other 56 phrasings x 3 words = 168 tasks. The
+forced-scripts file (lego-rl/forced/v1) holds the correct command for the demonstration tasks
+(DEMOS per word, spread over the phrasings), which `rollout --forced` pushes through the proxy to make
+the warm-start demonstrations. `order.txt` is the GSPO task order: seeded, one task of each word per
+consecutive triple, so a batch of 3 tasks has every word once.
 
-Deterministic. Usage: make_tasks.py OUT_DIR
+Deterministic. Usage: make_tasks.py OUT_DIR [SEED]
   OUT_DIR/train/<id>/, OUT_DIR/heldout/<id>/   Harbor task directories
   OUT_DIR/demos.forced.json                     scripted correct outputs for the demo tasks
+  OUT_DIR/order.txt                             training task ids in GSPO order (SEED, default 1)
 """
 import json
 import os
+import random
 import sys
 
 # Single Qwen3 tokens with a leading space, so copying the word is copying one token.
 WORDS = ["red", "blue", "green"]
-# Each phrasing names the word twice: a 2-layer random model has to learn to attend to it, and two
-# mentions double its share of a still-uniform attention (the first design, 6 words named once,
-# did not learn in 12 GSPO steps: README "Runs").
 # The path is absolute: mini-swe-agent runs its commands in its own working directory, not /app.
-TEMPLATES = [
-    "Write the word {w} into the file /app/answer.txt. The word is {w}.",
-    "Create /app/answer.txt containing only the word {w}. Only {w}, nothing else.",
-    "The answer is {w}. Save {w} to /app/answer.txt and submit.",
-    "Put {w} in /app/answer.txt: the file must say {w}.",
+OPENERS = [
+    "Write the word {w} into /app/answer.txt.",
+    "Create /app/answer.txt containing only {w}.",
+    "The answer is {w}.",
+    "Put {w} in /app/answer.txt.",
+    "Your task: save {w} to /app/answer.txt.",
+    "Please store the word {w} in the file /app/answer.txt.",
+    "We need {w} written to /app/answer.txt.",
+    "Record {w} as the answer in /app/answer.txt.",
 ]
+CLOSERS = [
+    "The word is {w}.",
+    "Only {w}, nothing else.",
+    "Save {w} and submit.",
+    "The file must say {w}.",
+    "Remember: {w}.",
+    "Write {w} and then submit.",
+    "It has to be exactly {w}.",
+    "Then submit; the answer is {w}.",
+]
+# The word is then said REPEAT more times. Why: a random 2-layer model attends almost uniformly
+# over the ~200 prompt tokens, and the word's share of that attention decides whether copying is
+# found at all. Measured outside the pipeline (transformers, the same model and prompts): with the
+# word named twice, SFT on all 168 training tasks stayed at chance (p(correct word) 0.33 after 130
+# steps); with 16 more mentions, SFT on 9 demonstrations reached 0.69 on unseen phrasings after 40
+# steps, and word-level group-relative RL from a 30-step warm start went 0.32 -> 0.90 in 60 steps.
+REPEAT = 16
+# Warm-start demonstrations per word (phrasings spread over the training set).
+DEMOS_PER_WORD = 3
 
-# The warm-start demonstrations: every word twice and every phrasing at least once, so the warm
-# start knows the tool-call format under each phrasing (with demonstrations of two phrasings only,
-# the held-out tasks of the other two never produced a tool call, and GSPO never saw a reward
-# there to learn from).
-DEMOS = ["echo-red-t1", "echo-red-t3", "echo-blue-t0", "echo-blue-t2", "echo-green-t0", "echo-green-t3"]
+
+def phrasings(repeat=REPEAT):
+    """The 64 instruction templates ({w} = the word); phrasing j is (opener j // 8, closer j % 8)."""
+    return [o + " " + c + " " + " ".join(["{w}"] * repeat) for o in OPENERS for c in CLOSERS]
+
+
+def heldout(j):
+    """Phrasing j is held out when its opener and closer index agree."""
+    return j // len(CLOSERS) == j % len(CLOSERS)
+
+
+def task_id(word, j):
+    return f"echo-{word}-p{j:02d}"
+
+
+def train_ids(word):
+    return [task_id(word, j) for j in range(len(OPENERS) * len(CLOSERS)) if not heldout(j)]
+
+
+def demo_ids():
+    """DEMOS_PER_WORD training tasks per word, spread out, on different phrasings for each word."""
+    out = []
+    for i, w in enumerate(WORDS):
+        ids = train_ids(w)
+        step = len(ids) // DEMOS_PER_WORD
+        out += [ids[(k * step + i * 7) % len(ids)] for k in range(DEMOS_PER_WORD)]
+    return out
+
 
 TASK_TOML = """version = "1.0"
 
@@ -95,27 +142,33 @@ def write(path, text, mode=0o644):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     out = sys.argv[1]
-    demos = {}
+    seed = int(sys.argv[2]) if len(sys.argv) == 3 else 1
+    demos = {tid: None for tid in demo_ids()}
     for i, w in enumerate(WORDS):
-        for j, t in enumerate(TEMPLATES):
-            split = "heldout" if (i + j) % len(TEMPLATES) == 0 else "train"
-            tid = f"echo-{w}-t{j}"
+        for j, t in enumerate(phrasings()):
+            split = "heldout" if heldout(j) else "train"
+            tid = task_id(w, j)
             d = os.path.join(out, split, tid)
             write(os.path.join(d, "task.toml"), TASK_TOML)
             write(os.path.join(d, "instruction.md"), t.format(w=w) + "\n")
             write(os.path.join(d, "environment", "Dockerfile"), DOCKERFILE)
             write(os.path.join(d, "tests", "test.sh"), TEST_SH.replace("{w}", w), 0o755)
             write(os.path.join(d, "solution", "solve.sh"), f"#!/bin/bash\n{command(w)}\n", 0o755)
-            if tid in DEMOS:
-                assert split == "train", tid
+            if tid in demos:
                 demos[tid] = [[output(w)]]
     write(
         os.path.join(out, "demos.forced.json"),
         json.dumps({"schema": "lego-rl/forced/v1", "tasks": demos}, indent=2) + "\n",
     )
+    rng = random.Random(seed)
+    train = {w: train_ids(w) for w in WORDS}
+    for w in WORDS:
+        rng.shuffle(train[w])
+    order = [train[w][k] for k in range(len(train[WORDS[0]])) for w in WORDS]
+    write(os.path.join(out, "order.txt"), "\n".join(order) + "\n")
 
 
 if __name__ == "__main__":

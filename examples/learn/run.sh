@@ -4,8 +4,9 @@
 # the capturing proxy, Harbor verifiers, align, train-step — on CPU:
 #
 #   make_tasks.py → filter-tasks → build-images
-#   warm start: rollout --forced (correct single tool call on one training task per word) → align →
-#               train-step --loss sft until the loss is low
+#   warm start: rollout --forced (the correct single tool call on 3 training tasks per word) → align →
+#               SFT until the demonstrations' loss is below 0.1 nats/token (the call's format; the word
+#               only partly)
 #   GSPO: [eval held-out → rollout (train tasks, T=1.0) → align → train-step --loss gspo] × STEPS → eval
 #   validate → report → table (step, train reward, held-out reward, Δ vs warm start)
 #
@@ -20,14 +21,14 @@
 #   LEGO_RL_SEED         model init seed, task order, train-step seed [1]
 #   LEGO_RL_STEPS        GSPO steps [20]
 #   LEGO_RL_SFT_STEPS    at most this many SFT train-steps on the demonstrations, each one optimizer
-#                        update per demonstration [24]
-#   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.05]
-#   LEGO_RL_SFT_LR       [1e-2]        LEGO_RL_LR  GSPO learning rate [1e-2]
-#   LEGO_RL_UPDATES      GSPO optimizer updates per step, each on whole groups [2]
+#                        update on all of them [40]
+#   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.1]
+#   LEGO_RL_SFT_LR       [3e-3]        LEGO_RL_LR  GSPO learning rate [1e-3]
+#   LEGO_RL_UPDATES      GSPO optimizer updates per step, each on whole groups [1]
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
-#   LEGO_RL_TASKS        tasks (groups) per GSPO batch [2]
+#   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
-#   LEGO_RL_EVAL_SAMPLES samples per held-out task at each evaluation [8]
+#   LEGO_RL_EVAL_SAMPLES samples per held-out task (24 tasks) at each evaluation [1]
 #   LEGO_RL_EVAL_TEMP    held-out sampling temperature [0.7]
 #   LEGO_RL_JOBS         simultaneous trials [4]
 #   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
@@ -41,15 +42,15 @@ py="$root/.venv/bin/python"
 run=${LEGO_RL_RUN:-$root/runs/learn}
 seed=${LEGO_RL_SEED:-1}
 steps=${LEGO_RL_STEPS:-20}
-sft_steps=${LEGO_RL_SFT_STEPS:-24}
-sft_loss=${LEGO_RL_SFT_LOSS:-0.05}
-sft_lr=${LEGO_RL_SFT_LR:-1e-2}
-lr=${LEGO_RL_LR:-1e-2}
-updates=${LEGO_RL_UPDATES:-2}
+sft_steps=${LEGO_RL_SFT_STEPS:-40}
+sft_loss=${LEGO_RL_SFT_LOSS:-0.1}
+sft_lr=${LEGO_RL_SFT_LR:-3e-3}
+lr=${LEGO_RL_LR:-1e-3}
+updates=${LEGO_RL_UPDATES:-1}
 group=${LEGO_RL_GROUP:-8}
-per_step=${LEGO_RL_TASKS:-2}
+per_step=${LEGO_RL_TASKS:-3}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
-eval_samples=${LEGO_RL_EVAL_SAMPLES:-8}
+eval_samples=${LEGO_RL_EVAL_SAMPLES:-1}
 eval_temp=${LEGO_RL_EVAL_TEMP:-0.7}
 jobs=${LEGO_RL_JOBS:-4}
 harness="$here/mini-swe-agent-short.toml"
@@ -67,7 +68,7 @@ common=(--images "$run/images.jsonl.zst" --harness "$harness" --max-turns 1 --ma
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 say "tasks and model (seed $seed) into $run"
-[ -f "$run/tasks/demos.forced.json" ] || python3 "$here/make_tasks.py" "$run/tasks"
+[ -f "$run/tasks/order.txt" ] || python3 "$here/make_tasks.py" "$run/tasks" "$seed"
 "$py" "$here/make_model.py" "$run/model" "$seed"
 for split in train heldout; do
   [ -f "$run/tasks.$split.jsonl.zst" ] || "$lego" -q filter-tasks -i "$run/tasks/$split" \
@@ -79,9 +80,11 @@ if [ ! -f "$run/images.jsonl.zst" ]; then
     --harness "$harness" --log-dir "$run/logs/build"
   mv "$run/images.jsonl.zst.tmp" "$run/images.jsonl.zst"
 fi
-# Training order: the train tasks shuffled by the seed, batch s takes the next LEGO_RL_TASKS of them.
+# Training order: make_tasks.py's order.txt (seeded; every consecutive triple has one task of each
+# word), batch s takes the next LEGO_RL_TASKS of them.
 if [ ! -f "$run/tasks.order.jsonl.zst" ]; then
-  zstd -dcq "$run/tasks.train.jsonl.zst" | jq -c . | shuf --random-source=<(yes "$seed") \
+  zstd -dcq "$run/tasks.train.jsonl.zst" | jq -sc --rawfile order "$run/tasks/order.txt" \
+    'INDEX(.id) as $t | $order | split("\n")[] | select(. != "") | $t[.]' \
     | zstd -qf -o "$run/tasks.order.jsonl.zst"
 fi
 
@@ -96,16 +99,13 @@ if [ ! -f "$ws/version" ]; then
     --group-size 1 --forced "$run/tasks/demos.forced.json" -o "$ws/demos.jsonl.zst" 2>>"$run/logs/rollout.log"
   bad=$(zstd -dcq "$ws/demos.jsonl.zst" | jq -s '[.[] | select(.reward != 1)] | length')
   [ "$bad" -eq 0 ] || { say "error: $bad forced demonstrations did not earn reward 1 (logs/rollout.log)"; exit 1; }
-  "$lego" -q align -i "$ws/demos.jsonl.zst" -o "$ws/samples.aligned.jsonl.zst" --stats "$ws/align-stats.jsonl.zst"
-  # The trainer splits a step into mini-batches of whole groups (group_id), and all demonstrations
-  # share group 0; SFT ignores groups otherwise, so number them to get one optimizer update per
-  # demonstration and step.
-  zstd -dcq "$ws/samples.aligned.jsonl.zst" | jq -c '.group_id = input_line_number' | zstd -qf -o "$ws/samples.jsonl.zst"
-  demos=$(zstd -dcq "$ws/samples.jsonl.zst" | wc -l)
+  # One optimizer update per SFT step on all demonstrations together (--updates 1): the words'
+  # unconditional pulls cancel within the batch, and what is left is the format and the copying.
+  "$lego" -q align -i "$ws/demos.jsonl.zst" -o "$ws/samples.jsonl.zst" --stats "$ws/align-stats.jsonl.zst"
   rm -rf "$ws/sft" "$ws/metrics.jsonl.zst" && mkdir -p "$ws/sft" && cp -r "$run/model" "$ws/sft/$(name 0)"
   k=0
   while [ "$k" -lt "$sft_steps" ]; do
-    "$lego" -q train-step --loss sft --lr "$sft_lr" --updates "$demos" --seed "$seed" --checkpoint "$ws/sft/$(name "$k")" \
+    "$lego" -q train-step --loss sft --lr "$sft_lr" --updates 1 --seed "$seed" --checkpoint "$ws/sft/$(name "$k")" \
       -i "$ws/samples.jsonl.zst" --out "$ws/sft/$(name $((k + 1)))" --metrics "$ws/metrics.jsonl.zst"
     k=$((k + 1))
     loss=$(zstd -dcq "$ws/metrics.jsonl.zst" | tail -n 1 | jq .loss)
@@ -114,6 +114,8 @@ if [ ! -f "$ws/version" ]; then
   done
   rm -rf "$run/checkpoints/$(name "$k").tmp"
   cp -r "$ws/sft/$(name "$k")" "$run/checkpoints/$(name "$k").tmp"
+  # GSPO starts with a fresh optimizer: SFT's second moments are of a different loss's gradients.
+  rm -f "$run/checkpoints/$(name "$k").tmp/optimizer.safetensors" "$run/checkpoints/$(name "$k").tmp/trainer_state.json"
   mv "$run/checkpoints/$(name "$k").tmp" "$run/checkpoints/$(name "$k")"
   echo "$k" >"$ws/version"
 fi
