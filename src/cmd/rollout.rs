@@ -178,11 +178,12 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         .with_context(|| format!("rollout into {}", args.output.display()))?;
     let mean = s.reward_mean.map_or("-".to_string(), |m| format!("{m:.3}"));
     eprintln!(
-        "rollout: {} trajectories in {} groups written ({} already there), {} infra failures, reward mean {mean}{}{}",
+        "rollout: {} trajectories in {} groups written ({} already there), {} infra failures{}, reward mean {mean}{}{}",
         s.written,
         s.groups,
         s.existing,
         s.infra_failures,
+        s.first_infra_cause.as_ref().map_or(String::new(), |c| format!(" (first: {c})")),
         if s.tasks_without_image > 0 {
             format!(", {} tasks without an image skipped", s.tasks_without_image)
         } else {

@@ -133,6 +133,8 @@ pub struct Summary {
     /// Groups discarded for staleness and run again.
     pub stale_groups: u64,
     pub reloads: u64,
+    /// The first infra failure's trajectory id and cause, so that the summary says why.
+    pub first_infra_cause: Option<String>,
 }
 
 /// Errors of a rollout run (each names its file or component).
@@ -538,6 +540,12 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                     summary.groups += 1;
                     let infra = g.trajectories.iter().filter(|t| t.infra_failure).count() as u64;
                     summary.infra_failures += infra;
+                    for t in g.trajectories.iter().filter(|t| t.infra_failure) {
+                        let cause = trial::infra_cause(t).unwrap_or("no cause recorded");
+                        let line = format!("{}: {}: {cause}", t.id, t.termination);
+                        progress.multi.suspend(|| tracing::warn!("{line}"));
+                        summary.first_infra_cause.get_or_insert(line);
+                    }
                     let rewards: Vec<f64> = g.trajectories.iter().filter_map(|t| t.reward).collect();
                     reward_sum += rewards.iter().sum::<f64>();
                     graded += rewards.len() as u64;

@@ -21,6 +21,13 @@ pub const AGENT_HOME: &str = "/home/agent";
 pub const MODEL_NAME: &str = "policy";
 /// Where a harness's standard input is written when the instruction goes there.
 pub const STDIN_FILE: &str = "/tmp/lego-agent-stdin";
+/// Trajectory metadata key of an infra failure's cause (`<stage>: <error>`).
+pub const INFRA_CAUSE: &str = "infra_cause";
+
+/// Why trajectory `t` is an infra failure, as rollout recorded it.
+pub fn infra_cause(t: &Trajectory) -> Option<&str> {
+    t.metadata.get(INFRA_CAUSE).and_then(Value::as_str)
+}
 
 /// Time the whole trial may take beyond its stage limits (container start, extract, cleanup)
 /// before the watchdog ends it as `infra:timeout`.
@@ -127,7 +134,11 @@ pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
             stages: BTreeMap::new(),
             audit: Vec::new(),
             diff: None,
-            agent_log: Some(format!("the trial exceeded its budget of {}s", budget.as_secs())),
+            agent_log: None,
+            infra_cause: Some(format!(
+                "timeout: the trial exceeded its budget of {}s",
+                budget.as_secs()
+            )),
         },
     };
     shared.proxy.finish_trial(&token);
@@ -171,6 +182,9 @@ fn trajectory(
     }
     if let Some(log) = &result.agent_log {
         metadata.insert("agent_log_tail".into(), Value::String(tail(log, 4000)));
+    }
+    if let Some(cause) = &result.infra_cause {
+        metadata.insert(INFRA_CAUSE.into(), json!(cause));
     }
     Trajectory {
         schema: <Trajectory as Record>::SCHEMA.into(),

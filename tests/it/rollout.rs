@@ -311,6 +311,16 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
             assert_eq!(t.reward, None);
             assert!(t.generations.is_empty());
             assert_eq!(t.stages["setup"].outcome, "error");
+            // The cause is kept with the trajectory and named in rollout's summary.
+            let cause = lego_rl::rollout::trial::infra_cause(t).expect("infra cause recorded");
+            assert!(
+                cause.starts_with("setup: ") && cause.contains(&blocker),
+                "{cause}"
+            );
+            assert!(
+                stderr.contains("1 infra failures (first: ") && stderr.contains(cause),
+                "{stderr}"
+            );
         } else if s % 2 == 0 {
             check_good(t, &chat);
         } else {

@@ -90,6 +90,8 @@ pub struct TrialResult {
     pub diff: Option<String>,
     /// Agent stage output (tail), for logs.
     pub agent_log: Option<String>,
+    /// Why an infra failure happened (`<stage>: <error>`); None otherwise.
+    pub infra_cause: Option<String>,
 }
 
 fn now() -> f64 {
@@ -542,13 +544,16 @@ impl Trial {
             audit: Vec::new(),
             diff: None,
             agent_log: None,
+            infra_cause: None,
         };
         let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
             r.termination = Termination::Infra(stage.to_string());
             r.infra_failure = true;
+            let cause = format!("{stage}: {e}");
             r.agent_log
                 .get_or_insert_with(String::new)
-                .push_str(&format!("\n{stage}: {e}"));
+                .push_str(&format!("\n{cause}"));
+            r.infra_cause = Some(cause);
         };
         'stages: {
             if let Err(e) = self.setup().await {
