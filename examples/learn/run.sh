@@ -5,8 +5,7 @@
 #
 #   make_tasks.py → filter-tasks → build-images
 #   warm start: rollout --forced (the correct single tool call on 3 training tasks per word) → align →
-#               SFT until the demonstrations' loss is below 0.1 nats/token (the call's format; the word
-#               only partly)
+#               40 SFT steps (~0.03 nats/token on the demonstrations)
 #   GSPO: [eval held-out → rollout (train tasks, T=1.0) → align → train-step --loss gspo] × STEPS → eval
 #   validate → report → table (step, train reward, held-out reward, Δ vs warm start)
 #
@@ -22,14 +21,14 @@
 #   LEGO_RL_STEPS        GSPO steps [20]
 #   LEGO_RL_SFT_STEPS    at most this many SFT train-steps on the demonstrations, each one optimizer
 #                        update on all of them [40]
-#   LEGO_RL_SFT_LOSS     stop SFT once a step's loss (mean NLL per token) is below this [0.1]
+#   LEGO_RL_SFT_LOSS     stop SFT earlier once a step's loss (mean NLL per token) is below this [0: off]
 #   LEGO_RL_SFT_LR       [3e-3]        LEGO_RL_LR  GSPO learning rate [1e-3]
 #   LEGO_RL_UPDATES      GSPO optimizer updates per step, each on whole groups [1]
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
 #   LEGO_RL_EVAL_SAMPLES samples per held-out task (24 tasks) at each evaluation [1]
-#   LEGO_RL_EVAL_TEMP    held-out sampling temperature [0.7]
+#   LEGO_RL_EVAL_TEMP    held-out sampling temperature [1.0: the policy GSPO trains]
 #   LEGO_RL_JOBS         simultaneous trials [4]
 #   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
 #   LEGO_RL_BIN          the lego-rl binary [target/release/lego-rl]
@@ -43,7 +42,7 @@ run=${LEGO_RL_RUN:-$root/runs/learn}
 seed=${LEGO_RL_SEED:-1}
 steps=${LEGO_RL_STEPS:-20}
 sft_steps=${LEGO_RL_SFT_STEPS:-40}
-sft_loss=${LEGO_RL_SFT_LOSS:-0.1}
+sft_loss=${LEGO_RL_SFT_LOSS:-0}
 sft_lr=${LEGO_RL_SFT_LR:-3e-3}
 lr=${LEGO_RL_LR:-1e-3}
 updates=${LEGO_RL_UPDATES:-1}
@@ -51,7 +50,7 @@ group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-3}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
 eval_samples=${LEGO_RL_EVAL_SAMPLES:-1}
-eval_temp=${LEGO_RL_EVAL_TEMP:-0.7}
+eval_temp=${LEGO_RL_EVAL_TEMP:-1.0}
 jobs=${LEGO_RL_JOBS:-4}
 harness="$here/mini-swe-agent-short.toml"
 say() { printf 'learn: %s\n' "$*" >&2; }
