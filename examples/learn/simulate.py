@@ -57,9 +57,8 @@ def tasks(tok, repeat):
 
 
 class Sim:
-    def __init__(self, model, word_ids):
+    def __init__(self, model):
         self.m = model
-        self.word_ids = torch.tensor(word_ids)
 
     def hidden(self, batch):
         n = max(len(t["ids"]) for t in batch)
@@ -109,7 +108,7 @@ def main():
     probe = train[:: len(train) // 24]
     demos = [t for t in train if t["id"] in make_tasks.demo_ids()]
     torch.manual_seed(a.seed)
-    sim = Sim(transformers.Qwen3ForCausalLM(make_model.config()), [t["wid"] for t in all_tasks[:: len(all_tasks) // 3]])
+    sim = Sim(transformers.Qwen3ForCausalLM(make_model.config()))
     rng = random.Random(a.seed)
     print(f"{len(train)} train / {len(held)} held-out tasks, {len(demos)} demonstrations, "
           f"prompt {held[0]['plen']} tokens, repeat {a.repeat}")
