@@ -3,6 +3,9 @@
 # measures lego-rl's reader and writer side by side, in the same run, with
 #   - raw decompression: `zstd -dc FILE | wc -l`
 #   - a typical user script: Python zstandard + json.loads per line
+#   - lego-rl's reader on the same records recompressed as one streaming frame (`zstd -3`, as
+#     most other tools write): one decoder thread, the peer of the parallel frame decoding that
+#     lego-rl's own multi-frame files get (src/io/parallel.rs)
 # and prints throughput (MB/s of uncompressed JSON, records/s) and the ratios.
 # Goals: read >= 0.7x raw zstd -dc, >= 5x the Python script.
 # Usage: scripts/bench/io.sh [SIZE_MB]   (default 1024)
@@ -22,6 +25,9 @@ eval "$gen_out"
 bytes=$write_bytes
 records=$write_records
 eval "$($bench read "$file")"
+single=$work/traj.single.jsonl.zst
+zstd -dcq "$file" | zstd -3 -q -o "$single"
+single_seconds=$($bench read "$single" | sed -n 's/^read_seconds=//p')
 
 t0=$(date +%s.%N); lines=$(zstd -dc "$file" | wc -l); t1=$(date +%s.%N)
 raw_seconds=$(echo "$t1 - $t0" | bc -l)
@@ -45,8 +51,11 @@ printf '%-28s %10s %12s\n' "" "MB/s" "records/s"
 row() { printf '%-28s %10.1f %12.0f\n' "$1" "$(echo "$mb / $2" | bc -l)" "$(echo "$records / $2" | bc -l)"; }
 row "lego-rl write (zstd, typed)" "$write_seconds"
 row "lego-rl read (typed)" "$read_seconds"
+row "  ... one-frame file" "$single_seconds"
 row "zstd -dc | wc -l" "$raw_seconds"
 row "python zstandard + json" "$py_seconds"
 [ "$lines" = "$records" ] || echo "warning: zstd -dc saw $lines lines, expected $records"
 printf 'ratio read / raw zstd -dc:   %.2fx  (goal >= 0.7)\n' "$(echo "$raw_seconds / $read_seconds" | bc -l)"
 printf 'ratio read / python script:  %.2fx  (goal >= 5)\n' "$(echo "$py_seconds / $read_seconds" | bc -l)"
+printf 'ratio read / one-frame read: %.2fx  (parallel frame decoding on %d cores)\n' \
+  "$(echo "$single_seconds / $read_seconds" | bc -l)" "$(nproc)"

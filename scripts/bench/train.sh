@@ -26,7 +26,7 @@ ours() {
     --metrics "$work/metrics.jsonl.zst" --micro-batch-tokens "$len" --lr 1e-6 "$@"
   "$py" -c "
 import json, sys, zstandard
-d = zstandard.ZstdDecompressor().stream_reader(open(sys.argv[1], 'rb')).read().decode()
+d = zstandard.ZstdDecompressor().stream_reader(open(sys.argv[1], 'rb'), read_across_frames=True).read().decode()
 print(json.loads(d.splitlines()[-1])['tokens_per_second'])" "$work/metrics.jsonl.zst"
 }
 before=$(ours --logprob-chunk 0)

@@ -20,6 +20,11 @@ pub struct FrameScan {
     pub file_len: u64,
     /// Number of complete (data and skippable) frames.
     pub frames: u64,
+    /// The largest decompressed size a complete data frame declares in its header, or None when
+    /// some frame does not declare one (a streaming encoder's frame). Lets a reader decide
+    /// whether frames can be decompressed independently within bounded memory
+    /// ([`super::parallel`]).
+    pub max_content: Option<u64>,
 }
 
 impl FrameScan {
@@ -34,11 +39,13 @@ pub fn scan(file: &File, start: u64) -> io::Result<FrameScan> {
     let file_len = file.metadata()?.len();
     let mut pos = start;
     let mut frames = 0;
+    let mut max_content = Some(0);
     while pos < file_len {
-        match frame_end(file, pos, file_len)? {
-            Some(end) => {
-                pos = end;
+        match frame_at(file, pos, file_len)? {
+            Some(f) => {
+                pos = f.end;
                 frames += 1;
+                max_content = max_content.zip(f.content).map(|(a, b)| a.max(b));
             }
             None => break,
         }
@@ -47,7 +54,16 @@ pub fn scan(file: &File, start: u64) -> io::Result<FrameScan> {
         complete_len: pos,
         file_len,
         frames,
+        max_content,
     })
+}
+
+/// One complete frame: where it ends, and the decompressed size its header declares (0 for a
+/// skippable frame; None when a data frame does not declare it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub end: u64,
+    pub content: Option<u64>,
 }
 
 fn read_at(file: &File, pos: u64, len: u64, buf: &mut [u8]) -> io::Result<bool> {
@@ -58,8 +74,9 @@ fn read_at(file: &File, pos: u64, len: u64, buf: &mut [u8]) -> io::Result<bool> 
     Ok(true)
 }
 
-/// End offset of the frame starting at `pos`, or None when it is incomplete or not a frame.
-fn frame_end(file: &File, pos: u64, len: u64) -> io::Result<Option<u64>> {
+/// The frame starting at `pos` of a file `len` bytes long, or None when it is incomplete or not
+/// a frame.
+pub fn frame_at(file: &File, pos: u64, len: u64) -> io::Result<Option<Frame>> {
     let mut magic = [0u8; 4];
     if !read_at(file, pos, len, &mut magic)? {
         return Ok(None);
@@ -72,7 +89,10 @@ fn frame_end(file: &File, pos: u64, len: u64) -> io::Result<Option<u64>> {
             return Ok(None);
         }
         let end = pos + 8 + u32::from_le_bytes(size) as u64;
-        return Ok((end <= len).then_some(end));
+        return Ok((end <= len).then_some(Frame {
+            end,
+            content: Some(0),
+        }));
     }
     if magic != ZSTD_MAGIC {
         return Ok(None);
@@ -97,7 +117,19 @@ fn frame_end(file: &File, pos: u64, len: u64) -> io::Result<Option<u64>> {
         _ => 8,
     };
     let window = if single_segment { 0 } else { 1 };
-    let mut p = pos + 5 + window + did_size + fcs_size;
+    let fcs_at = pos + 5 + window + did_size;
+    let content = match fcs_size {
+        0 => None,
+        n => {
+            let mut b = [0u8; 8];
+            if !read_at(file, fcs_at, len, &mut b[..n as usize])? {
+                return Ok(None);
+            }
+            // RFC 8878 §3.1.1.1.4: the 2-byte form is offset by 256.
+            Some(u64::from_le_bytes(b) + if n == 2 { 256 } else { 0 })
+        }
+    };
+    let mut p = fcs_at + fcs_size;
     loop {
         let mut hdr = [0u8; 3];
         if !read_at(file, p, len, &mut hdr)? {
@@ -125,7 +157,7 @@ fn frame_end(file: &File, pos: u64, len: u64) -> io::Result<Option<u64>> {
             return Ok(None);
         }
     }
-    Ok(Some(p))
+    Ok(Some(Frame { end: p, content }))
 }
 
 #[cfg(test)]
@@ -150,7 +182,9 @@ mod tests {
             FrameScan {
                 complete_len: (a.len() + b.len()) as u64,
                 file_len: (a.len() + b.len()) as u64,
-                frames: 2
+                frames: 2,
+                // One-shot compression declares the content size.
+                max_content: Some(8000),
             }
         );
         // Tear the second frame at every possible length: the first frame is always complete.
@@ -173,5 +207,23 @@ mod tests {
         let s = scan(&f, 0).unwrap();
         assert_eq!(s.complete_len, bytes.len() as u64);
         assert_eq!(s.frames, 1);
+        assert_eq!(
+            s.max_content, None,
+            "a streaming encoder does not declare the size"
+        );
+    }
+
+    #[test]
+    fn declared_content_sizes_are_read_in_every_header_width() {
+        // 1-byte (single segment), 2-byte (+256), 4-byte and 8-byte-free sizes all occur here.
+        for n in [0usize, 1, 255, 256, 300, 65_791, 65_792, 1 << 20, (4 << 20) + 7] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+            let bytes = zstd::bulk::compress(&data, 3).unwrap();
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&bytes).unwrap();
+            let frame = frame_at(&f, 0, bytes.len() as u64).unwrap().unwrap();
+            assert_eq!(frame.end, bytes.len() as u64, "size {n}");
+            assert_eq!(frame.content, Some(n as u64), "size {n}");
+        }
     }
 }

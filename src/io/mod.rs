@@ -2,13 +2,17 @@
 //!
 //! - [`RecordReader`]: streaming, constant memory, JSON decoded in parallel batches (rayon);
 //!   reads zstd (any number of frames) or plain JSONL (detected by the zstd magic); `-` = stdin.
+//!   A file of many frames that declare their sizes (lego-rl's own) is also decompressed in
+//!   parallel ([`parallel`]).
 //! - [`AtomicWriter`]: writes to a temp file beside the target, fsyncs, renames: a crash never
-//!   leaves a half-written file under the final name.
+//!   leaves a half-written file under the final name. zstd output is a frame per ~4 MiB of
+//!   records, compressed in parallel.
 //! - [`AppendWriter`]: for long-running producers; every commit is one complete zstd frame
 //!   written with a single `write` and fsynced, so readers of a growing file see every committed
 //!   record, and re-opening after a crash cuts a torn final frame (with a warning) and continues.
 
 pub mod frames;
+pub mod parallel;
 mod reader;
 mod writer;
 

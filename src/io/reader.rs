@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use super::frames::{self, ZSTD_MAGIC};
+use super::parallel::{self, ParallelDecoder};
 use super::{is_stdio, IoError};
 use crate::records::{check_schema, Record};
 
@@ -73,11 +74,15 @@ pub fn open_lines(path: &Path, torn_tail: TornTail) -> Result<LineSource, IoErro
             if scan.torn() {
                 torn = Some((scan.complete_len, scan.file_len));
             }
-            let limited = BufReader::with_capacity(1 << 20, raw.take(scan.complete_len));
-            Box::new(BufReader::with_capacity(
-                1 << 20,
-                zstd::Decoder::with_buffer(limited).map_err(open_err)?,
-            ))
+            if parallel::applies(&scan) {
+                Box::new(ParallelDecoder::new(file, &scan).map_err(open_err)?)
+            } else {
+                let limited = BufReader::with_capacity(1 << 20, raw.take(scan.complete_len));
+                Box::new(BufReader::with_capacity(
+                    1 << 20,
+                    zstd::Decoder::with_buffer(limited).map_err(open_err)?,
+                ))
+            }
         } else {
             Box::new(raw)
         }

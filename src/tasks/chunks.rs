@@ -1,5 +1,6 @@
-//! The pool reader of the hot path: one thread only decompresses and cuts the stream into
-//! large chunks of whole lines; splitting into lines, UTF-8 checks and parsing happen in
+//! The pool reader of the hot path: one thread only decompresses (on the rayon pool too, for a
+//! file of many sized frames: [`crate::io::parallel`]) and cuts the stream into large chunks of
+//! whole lines; splitting into lines, UTF-8 checks and parsing happen in
 //! parallel on the workers ([`super::filter`]). This keeps the sequential part of a run to the
 //! zstd decode itself, which `scripts/bench/filter.sh` compares against.
 //!
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use crate::io::frames::{self, ZSTD_MAGIC};
+use crate::io::parallel::{self, ParallelDecoder};
 use crate::io::IoError;
 
 /// Decompressed bytes per chunk (whole lines; a longer line makes a longer chunk).
@@ -113,6 +115,10 @@ fn open(path: &Path) -> Result<(Box<dyn Read + Send>, Option<End>), IoError> {
             offset: scan.complete_len,
             len: scan.file_len,
         });
+        if parallel::applies(&scan) {
+            let dec = ParallelDecoder::new(scan_file, &scan).map_err(err)?;
+            return Ok((Box::new(dec), torn));
+        }
         let limited = BufReader::with_capacity(1 << 20, file.take(scan.complete_len));
         let dec = zstd::Decoder::with_buffer(limited).map_err(err)?;
         Ok((Box::new(dec), torn))
