@@ -18,7 +18,7 @@
 # Environment (defaults in brackets):
 #   LEGO_RL_RUN          run directory [runs/learn]; rerunning resumes (finished files are kept)
 #   LEGO_RL_SEED         model init seed, task order, train-step seed [1]
-#   LEGO_RL_STEPS        GSPO steps [20]
+#   LEGO_RL_STEPS        GSPO steps [25]
 #   LEGO_RL_SFT_STEPS    at most this many SFT train-steps on the demonstrations, each one optimizer
 #                        update on all of them [40]
 #   LEGO_RL_SFT_LOSS     stop SFT earlier once a step's loss (mean NLL per token) is below this [0: off]
@@ -27,7 +27,9 @@
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
-#   LEGO_RL_EVAL_SAMPLES samples per held-out task (24 tasks) at each evaluation [1]
+#   LEGO_RL_EVAL_SAMPLES samples per held-out task (24 tasks) at the evaluations in between [1]
+#   LEGO_RL_EVAL_SAMPLES_ENDS  ... at the warm start's and the final evaluation, the two the proof
+#                        compares [4: 96 samples each, a standard error of ~0.05]
 #   LEGO_RL_EVAL_TEMP    held-out sampling temperature [1.0: the policy GSPO trains]
 #   LEGO_RL_JOBS         simultaneous trials [4]
 #   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
@@ -40,7 +42,7 @@ lego=${LEGO_RL_BIN:-$root/target/release/lego-rl}
 py="$root/.venv/bin/python"
 run=${LEGO_RL_RUN:-$root/runs/learn}
 seed=${LEGO_RL_SEED:-1}
-steps=${LEGO_RL_STEPS:-20}
+steps=${LEGO_RL_STEPS:-25}
 sft_steps=${LEGO_RL_SFT_STEPS:-40}
 sft_loss=${LEGO_RL_SFT_LOSS:-0}
 sft_lr=${LEGO_RL_SFT_LR:-3e-3}
@@ -50,6 +52,7 @@ group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-3}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
 eval_samples=${LEGO_RL_EVAL_SAMPLES:-1}
+eval_samples_ends=${LEGO_RL_EVAL_SAMPLES_ENDS:-4}
 eval_temp=${LEGO_RL_EVAL_TEMP:-1.0}
 jobs=${LEGO_RL_JOBS:-4}
 harness="$here/mini-swe-agent-short.toml"
@@ -120,19 +123,21 @@ if [ ! -f "$ws/version" ]; then
 fi
 v0=$(cat "$ws/version")
 
+# evaluate V SAMPLES: the held-out tasks × SAMPLES with version V, once (a rerun keeps a finished file).
 evaluate() {
-  local v=$1 out="$run/eval/$(name "$1").jsonl.zst"
+  local v=$1 k=$2 out="$run/eval/$(name "$1").jsonl.zst"
   [ -f "$out.done" ] && return 0
-  say "eval: held-out tasks × $eval_samples with $(name "$v") (T=$eval_temp)"
+  say "eval: held-out tasks × $k with $(name "$v") (T=$eval_temp)"
   "$lego" -q rollout -i "$run/tasks.heldout.jsonl.zst" "${common[@]}" --mode eval --temperature "$eval_temp" \
-    --backend "embedded:$run/checkpoints/$(name "$v")" --group-size "$eval_samples" --first-group "$v" \
+    --backend "embedded:$run/checkpoints/$(name "$v")" --group-size "$k" --first-group "$v" \
     -o "$out" 2>>"$run/logs/rollout.log"
   touch "$out.done"
 }
 
 for ((s = 0; s < steps; s++)); do
   v=$((v0 + s)) n=$(name $((v0 + s))) next=$(name $((v0 + s + 1)))
-  if [ $((s % eval_every)) -eq 0 ]; then evaluate "$v"; fi
+  if [ "$s" -eq 0 ]; then evaluate "$v" "$eval_samples_ends"
+  elif [ $((s % eval_every)) -eq 0 ]; then evaluate "$v" "$eval_samples"; fi
   [ -f "$run/checkpoints/$next/config.json" ] && continue
   traj="$run/trajectories/$n.jsonl.zst"
   if [ ! -f "$traj.done" ]; then
@@ -153,7 +158,7 @@ for ((s = 0; s < steps; s++)); do
   # Only the newest checkpoint's optimizer state is needed to go on; keep the weights of all.
   if [ "$s" -gt 0 ]; then rm -f "$run/checkpoints/$n/optimizer.safetensors"; fi
 done
-evaluate $((v0 + steps))
+evaluate $((v0 + steps)) "$eval_samples_ends"
 
 say "validate (gates of the GSPO steps) and report"
 "$lego" -q validate "$run" >"$run/logs/validate.txt" || say "some validation gates failed (logs/validate.txt)"
