@@ -598,3 +598,107 @@ fn argmax(v: &[f32]) -> u32 {
         .max_by(|a, b| a.1.total_cmp(b.1))
         .map_or(0, |(i, _)| i as u32)
 }
+
+/// The samplers' draws against their target distributions: seeded, so the chi-square values
+/// are fixed numbers, and the bound (p = 0.001 for the degrees of freedom) leaves room for a
+/// change of rng stream without making a wrong distribution pass.
+#[cfg(test)]
+mod sampling_tests {
+    use super::*;
+    use crate::records::Sampling;
+
+    const P: [f64; 5] = [0.5, 0.25, 0.125, 0.0625, 0.0625];
+    const DRAWS: usize = 200_000;
+
+    fn logp() -> Vec<f32> {
+        P.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    /// Normalised `P[i]^(1/t)` over `keep` (the rest 0).
+    fn target(t: f64, keep: usize) -> Vec<f64> {
+        let w: Vec<f64> = P.iter().take(keep).map(|p| p.powf(1.0 / t)).collect();
+        let total: f64 = w.iter().sum();
+        let mut q: Vec<f64> = w.iter().map(|x| x / total).collect();
+        q.resize(P.len(), 0.0);
+        q
+    }
+
+    /// Pearson's chi-square of the draws against `q`; a draw where `q` is 0 fails at once.
+    fn chi_square(mut draw: impl FnMut() -> u32, q: &[f64]) -> f64 {
+        let mut counts = vec![0usize; q.len()];
+        for _ in 0..DRAWS {
+            counts[draw() as usize] += 1;
+        }
+        counts
+            .iter()
+            .zip(q)
+            .map(|(&c, &q)| {
+                if q == 0.0 {
+                    assert_eq!(c, 0, "drew an entry outside the support");
+                    0.0
+                } else {
+                    let e = q * DRAWS as f64;
+                    (c as f64 - e).powi(2) / e
+                }
+            })
+            .sum()
+    }
+
+    fn request(temperature: f64, top_k: Option<u32>, top_p: Option<f64>) -> GenerateRequest {
+        GenerateRequest {
+            prompt_ids: vec![1],
+            sampling: Sampling {
+                temperature: Some(temperature),
+                top_k,
+                top_p,
+                ..Default::default()
+            },
+            stop_token_ids: vec![],
+            return_routing: false,
+            forced_output: None,
+        }
+    }
+
+    #[test]
+    fn plain_temperature_draws_follow_the_tempered_distribution() {
+        let logp = logp();
+        for t in [1.0, 0.5, 2.0] {
+            let q = target(t, P.len());
+            let probs: Vec<f32> = q.iter().map(|&x| x as f32).collect();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            let chi2 = chi_square(|| sample_probs(&probs, &logp, &mut rng), &q);
+            // 4 degrees of freedom: 18.47 at p = 0.001.
+            assert!(chi2 < 18.47, "T={t}: chi-square {chi2}");
+        }
+        // The same tempered distribution through the libtorch softmax the engine uses.
+        let t = 0.5;
+        let tensor = Tensor::from_slice(&logp);
+        let mut probs = Vec::new();
+        copy_into(&(&tensor / t).softmax(-1, Kind::Float), &mut probs);
+        for (a, b) in probs.iter().zip(target(t, P.len())) {
+            assert!((f64::from(*a) - b).abs() < 1e-6, "{probs:?}");
+        }
+    }
+
+    #[test]
+    fn top_k_top_p_and_greedy_draw_from_the_truncated_distribution() {
+        let logp = logp();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        // top-k 2: the two most likely, renormalised (1 degree of freedom: 10.83).
+        let req = request(1.0, Some(2), None);
+        let chi2 = chi_square(|| sample(&logp, &req, &mut rng), &target(1.0, 2));
+        assert!(chi2 < 10.83, "top-k: chi-square {chi2}");
+        // top-p 0.8: the smallest prefix reaching 0.8 is 0.5 + 0.25 + 0.125.
+        let req = request(1.0, None, Some(0.8));
+        let chi2 = chi_square(|| sample(&logp, &req, &mut rng), &target(1.0, 3));
+        assert!(chi2 < 13.82, "top-p: chi-square {chi2}");
+        // Temperature before truncation: at T=2 the weights flatten to .343 .243 .172 .121 .121,
+        // so top-p 0.8 keeps four.
+        let req = request(2.0, None, Some(0.8));
+        let chi2 = chi_square(|| sample(&logp, &req, &mut rng), &target(2.0, 4));
+        assert!(chi2 < 16.27, "T=2, top-p: chi-square {chi2}");
+        // Temperature 0 is greedy.
+        let req = request(0.0, None, None);
+        assert!((0..1000).all(|_| sample(&logp, &req, &mut rng) == 0));
+    }
+}

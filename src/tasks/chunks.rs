@@ -285,4 +285,46 @@ mod tests {
         let err = last.end.unwrap().into_error(&path, 300_000).to_string();
         assert!(err.contains("truncated zstd data after record 300000"), "{err}");
     }
+
+    #[test]
+    fn many_sized_frames_decode_in_parallel_into_the_same_chunks_and_torn_tail() {
+        // lego-rl's own format (AtomicWriter: a frame per ~4 MiB), more than one chunk of it,
+        // frames cut mid-line on purpose, then a torn frame.
+        let dir = tempfile::tempdir().unwrap();
+        let text: Vec<u8> = (0..1_000_000)
+            .flat_map(|i| format!("{{\"line\":{i},\"pad\":\"{}\"}}\n", "z".repeat(i % 20)).into_bytes())
+            .collect();
+        let mut bytes = Vec::new();
+        for piece in text.chunks((3 << 20) + 17) {
+            bytes.extend_from_slice(&zstd::bulk::compress(piece, 3).unwrap());
+        }
+        let torn = zstd::bulk::compress(b"{\"line\":-1}\n", 3).unwrap();
+        bytes.extend_from_slice(&torn[..torn.len() - 3]);
+        let path = dir.path().join("x.jsonl.zst");
+        std::fs::write(&path, &bytes).unwrap();
+        let file = File::open(&path).unwrap();
+        let scan = frames::scan(&file, 0).unwrap();
+        assert!(
+            parallel::applies(&scan) && scan.frames > 4 && scan.torn(),
+            "{scan:?}"
+        );
+        let reader = spawn(path.clone()).unwrap();
+        let mut all = Vec::new();
+        let mut n = 0;
+        let mut end = None;
+        while let Some(c) = reader.next_chunk() {
+            assert!(
+                c.end.is_some() || c.data().last() == Some(&b'\n'),
+                "chunk {n} ends mid-line"
+            );
+            all.extend_from_slice(c.data());
+            end = end.or(c.end.as_ref().map(|e| format!("{e:?}")));
+            reader.recycle(c);
+            n += 1;
+        }
+        assert!(n >= 3, "{n} chunks");
+        assert!(all == text);
+        let end = end.expect("the torn tail is reported");
+        assert!(end.starts_with("Torn"), "{end}");
+    }
 }
