@@ -17,7 +17,7 @@
 //! | `{openai_base_url}` | `{proxy_url}/v1` |
 //! | `{model}` | the model name the harness should send (`policy`) |
 //! | `{max_turns}` | the turn budget |
-//! | `{logs}` | the harness's log directory, extracted after the run |
+//! | `{logs}` | the harness's log directory, created before the run (not kept with the trial; `[exit_status]` may read its status file there) |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,12 +88,42 @@ pub struct HarnessConfig {
     /// Turn budget passed as `{max_turns}`.
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
-    /// The harness's own log directory (`{logs}`), extracted with the trial.
+    /// The harness's own log directory (`{logs}`), created before the run. Only the
+    /// `[exit_status]` file is read back; the rest goes with the container.
     #[serde(default = "default_logs")]
     pub logs: String,
     /// Exit codes that mean "the harness stopped at its turn budget" (→ `max_turns`).
     #[serde(default)]
     pub max_turns_exit_codes: Vec<i64>,
+    /// Where the harness records how it ended, read after the agent stage. Without it the turn
+    /// budget is inferred: a main thread that used every turn counts as `max_turns`, even when
+    /// its last turn submitted.
+    #[serde(default)]
+    pub exit_status: Option<ExitStatusConfig>,
+}
+
+/// A harness's own record of how it ended: a string inside a JSON file it writes.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExitStatusConfig {
+    /// The file (placeholders allowed), e.g. `{logs}/trajectory.json`.
+    pub file: String,
+    /// JSON pointer (RFC 6901) to the status string in it, e.g. `/info/exit_status`.
+    pub pointer: String,
+    /// Statuses meaning the agent ended on its own (submitted) → `finished`.
+    #[serde(default)]
+    pub finished: Vec<String>,
+    /// Statuses meaning the turn budget ran out → `max_turns`.
+    #[serde(default)]
+    pub max_turns: Vec<String>,
+}
+
+impl ExitStatusConfig {
+    /// The status in `text` (the file's contents), if the pointer leads to a string.
+    pub fn status_in(&self, text: &str) -> Option<String> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        v.pointer(&self.pointer)?.as_str().map(str::to_string)
+    }
 }
 
 fn default_max_turns() -> u32 {
@@ -158,6 +188,8 @@ pub struct Launch {
     pub files: BTreeMap<String, String>,
     pub stdin: Option<String>,
     pub logs: String,
+    /// The rendered path of [`HarnessConfig::exit_status`]'s file.
+    pub exit_status_file: Option<String>,
 }
 
 /// A loaded adapter.
@@ -223,6 +255,15 @@ impl Harness {
         );
         fields.extend(c.files.keys().map(|k| ("files (path)".to_string(), k.as_str())));
         fields.push(("logs".into(), c.logs.as_str()));
+        if let Some(e) = &c.exit_status {
+            fields.push(("exit_status.file".into(), e.file.as_str()));
+            if !e.pointer.is_empty() && !e.pointer.starts_with('/') {
+                return Err(invalid(format!(
+                    "`exit_status.pointer` must be a JSON pointer starting with `/`, not `{}`",
+                    e.pointer
+                )));
+            }
+        }
         if let Some(f) = &c.instruction_file {
             fields.push(("instruction_file".into(), f.as_str()));
         }
@@ -269,6 +310,7 @@ impl Harness {
             files,
             stdin: (c.instruction_via == InstructionVia::Stdin).then(|| ctx.instruction.clone()),
             logs: c.logs.clone(),
+            exit_status_file: c.exit_status.as_ref().map(|e| sub(&e.file)),
         }
     }
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::Shared;
 use crate::chat::ToolCallIds;
-use crate::harness::{Launch, TrialContext};
+use crate::harness::{HarnessConfig, Launch, TrialContext};
 use crate::records::{AuditEvent, Generation, Record, Task, Termination, Trajectory};
 use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult};
 
@@ -23,6 +23,10 @@ pub const MODEL_NAME: &str = "policy";
 pub const STDIN_FILE: &str = "/tmp/lego-agent-stdin";
 /// Trajectory metadata key of an infra failure's cause (`<stage>: <error>`).
 pub const INFRA_CAUSE: &str = "infra_cause";
+
+/// Metadata key of the harness's own exit status (e.g. mini-swe-agent's `Submitted`), where its
+/// adapter says where to read it.
+pub const AGENT_EXIT_STATUS: &str = "agent_exit_status";
 
 /// Why trajectory `t` is an infra failure, as rollout recorded it.
 pub fn infra_cause(t: &Trajectory) -> Option<&str> {
@@ -123,7 +127,8 @@ pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
         shared.binds.clone(),
     )
     .with_proxy_socket(shared.socket.clone())
-    .with_files(launch_files(&launch));
+    .with_files(launch_files(&launch))
+    .with_outputs(launch.exit_status_file.iter().cloned().collect());
     let result = match tokio::time::timeout(budget, sandbox.run(&script)).await {
         Ok(r) => r,
         Err(_) => TrialResult {
@@ -139,11 +144,12 @@ pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
                 "timeout: the trial exceeded its budget of {}s",
                 budget.as_secs()
             )),
+            outputs: BTreeMap::new(),
         },
     };
     shared.proxy.finish_trial(&token);
     let generations = captures.generations();
-    trajectory(&shared, &spec, &workdir, result, generations)
+    trajectory(&shared, &spec, &workdir, &launch, result, generations)
 }
 
 /// The trajectory of a finished trial: the sandbox's result refined by the captures (context
@@ -152,9 +158,15 @@ fn trajectory(
     shared: &Shared,
     spec: &TrialSpec,
     workdir: &str,
+    launch: &Launch,
     result: TrialResult,
     generations: Vec<Generation>,
 ) -> Trajectory {
+    // The harness's own word on how it ended, where its adapter says where to find it.
+    let status = shared.harness.config.exit_status.as_ref().and_then(|e| {
+        let file = launch.exit_status_file.as_ref()?;
+        e.status_in(result.outputs.get(file)?)
+    });
     let exit_code = result
         .stages
         .get("agent")
@@ -165,8 +177,8 @@ fn trajectory(
         &result.termination,
         exit_code,
         &generations,
-        &shared.harness.config.max_turns_exit_codes,
-        shared.harness.config.max_turns,
+        &shared.harness.config,
+        status.as_deref(),
     );
     let mut audit = result.audit.clone();
     audit.extend(audit_tool_calls(shared, &generations, workdir));
@@ -175,6 +187,9 @@ fn trajectory(
     metadata.insert("image".into(), json!(spec.image));
     if let Some(code) = exit_code {
         metadata.insert("agent_exit_code".into(), json!(code));
+    }
+    if let Some(status) = &status {
+        metadata.insert(AGENT_EXIT_STATUS.into(), json!(status));
     }
     let forced = shared.forced.script(&spec.task.id, spec.sample).len();
     if forced > 0 {
@@ -217,15 +232,17 @@ fn tail(s: &str, n: usize) -> String {
     s[i..].to_string()
 }
 
-/// How a trial ended, refining the sandbox's view with the captures: a model-side failure is
-/// `infra:model`; a prompt over the context is `context_limit`; an adapter's turn-budget exit code,
-/// or a main thread that used the whole turn budget, is `max_turns`.
+/// How a trial ended, refining the sandbox's view with the captures and the harness's own exit
+/// status (`status`, from [`HarnessConfig::exit_status`]): a model-side failure is
+/// `infra:model`; a prompt over the context is `context_limit`; a status the adapter lists
+/// decides `finished` / `max_turns`; otherwise an adapter's turn-budget exit code, or a main
+/// thread that used the whole turn budget, is `max_turns`.
 pub fn classify(
     sandbox: &Termination,
     exit_code: Option<i64>,
     generations: &[Generation],
-    max_turns_exit_codes: &[i64],
-    max_turns: u32,
+    harness: &HarnessConfig,
+    status: Option<&str>,
 ) -> Termination {
     if sandbox.is_infra() {
         return sandbox.clone();
@@ -248,11 +265,21 @@ pub fn classify(
     if matches!(sandbox, Termination::AgentTimeout) {
         return sandbox.clone();
     }
-    if exit_code.is_some_and(|c| max_turns_exit_codes.contains(&c)) {
+    if let (Some(status), Some(rule)) = (status, &harness.exit_status) {
+        let listed = |l: &[String]| l.iter().any(|s| s == status);
+        if listed(&rule.max_turns) {
+            return Termination::MaxTurns;
+        }
+        if listed(&rule.finished) && matches!(sandbox, Termination::Finished) {
+            // Submitted, possibly on its last allowed turn: not a budget stop.
+            return Termination::Finished;
+        }
+    }
+    if exit_code.is_some_and(|c| harness.max_turns_exit_codes.contains(&c)) {
         return Termination::MaxTurns;
     }
     let main_turns = generations.iter().filter(|g| g.thread == 0).count();
-    if max_turns > 0 && main_turns >= max_turns as usize {
+    if harness.max_turns > 0 && main_turns >= harness.max_turns as usize {
         return Termination::MaxTurns;
     }
     sandbox.clone()
@@ -369,23 +396,49 @@ mod tests {
         }
     }
 
+    /// An adapter with a turn budget, turn-budget exit codes and optionally mini-swe-agent's
+    /// exit-status rule.
+    fn harness(max_turns: u32, codes: &[i64], status_rule: bool) -> HarnessConfig {
+        let mut text = format!(
+            "name = \"h\"\ndescription = \"d\"\napi = \"openai\"\ncommand = [\"run\", \"{{instruction}}\"]\n\
+             max_turns = {max_turns}\nmax_turns_exit_codes = {codes:?}\n[runtime]\n"
+        );
+        if status_rule {
+            text.push_str(
+                "[exit_status]\nfile = \"{logs}/trajectory.json\"\npointer = \"/info/exit_status\"\n\
+                 finished = [\"Submitted\"]\nmax_turns = [\"LimitsExceeded\"]\n",
+            );
+        }
+        toml::from_str(&text).unwrap()
+    }
+
     #[test]
     fn classification_refines_the_sandbox() {
         let ok = vec![gen(0, "ok"), gen(0, "ok"), gen(1, "ok")];
+        let fin = Termination::Finished;
+        assert_eq!(classify(&fin, Some(0), &ok, &harness(50, &[], false), None), fin);
         assert_eq!(
-            classify(&Termination::Finished, Some(0), &ok, &[], 50),
-            Termination::Finished
-        );
-        assert_eq!(
-            classify(&Termination::Finished, Some(0), &ok, &[], 2),
+            classify(&fin, Some(0), &ok, &harness(2, &[], false), None),
             Termination::MaxTurns
         );
         assert_eq!(
-            classify(&Termination::AgentCrash, Some(3), &ok, &[3], 50),
+            classify(
+                &Termination::AgentCrash,
+                Some(3),
+                &ok,
+                &harness(50, &[3], false),
+                None
+            ),
             Termination::MaxTurns
         );
         assert_eq!(
-            classify(&Termination::AgentCrash, Some(1), &ok, &[3], 50),
+            classify(
+                &Termination::AgentCrash,
+                Some(1),
+                &ok,
+                &harness(50, &[3], false),
+                None
+            ),
             Termination::AgentCrash
         );
         let mut ctx = ok.clone();
@@ -395,17 +448,63 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            classify(&Termination::AgentCrash, Some(1), &ctx, &[], 50),
+            classify(
+                &Termination::AgentCrash,
+                Some(1),
+                &ctx,
+                &harness(50, &[], false),
+                None
+            ),
             Termination::ContextLimit
         );
         let mut down = ok.clone();
         down.push(gen(0, "infra_error"));
         assert_eq!(
-            classify(&Termination::AgentCrash, Some(1), &down, &[], 50),
+            classify(
+                &Termination::AgentCrash,
+                Some(1),
+                &down,
+                &harness(50, &[], false),
+                None
+            ),
             Termination::Infra("model".into())
         );
         let setup = Termination::Infra("setup".into());
-        assert_eq!(classify(&setup, None, &[], &[], 50), setup);
+        assert_eq!(classify(&setup, None, &[], &harness(50, &[], false), None), setup);
+    }
+
+    #[test]
+    fn the_harness_exit_status_decides_between_finished_and_max_turns() {
+        let two = vec![gen(0, "ok"), gen(0, "ok")];
+        let fin = Termination::Finished;
+        let h = harness(2, &[], true);
+        // Submitted on the last allowed turn: finished, not a budget stop.
+        assert_eq!(classify(&fin, Some(0), &two, &h, Some("Submitted")), fin);
+        // The harness says its budget ran out, whatever the turn count.
+        assert_eq!(
+            classify(&fin, Some(0), &two[..1], &h, Some("LimitsExceeded")),
+            Termination::MaxTurns
+        );
+        // An unlisted status, or none (no file), falls back to the turn count.
+        assert_eq!(
+            classify(&fin, Some(0), &two, &h, Some("KeyError")),
+            Termination::MaxTurns
+        );
+        assert_eq!(classify(&fin, Some(0), &two, &h, None), Termination::MaxTurns);
+        // "Submitted" does not hide a crash, a timeout or an infra failure.
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(1), &two, &h, Some("Submitted")),
+            Termination::MaxTurns
+        );
+        assert_eq!(
+            classify(&Termination::AgentTimeout, None, &two[..1], &h, Some("Submitted")),
+            Termination::AgentTimeout
+        );
+        let rule = h.exit_status.as_ref().unwrap();
+        let file = r#"{"info": {"exit_status": "Submitted", "submission": ""}, "messages": []}"#;
+        assert_eq!(rule.status_in(file).as_deref(), Some("Submitted"));
+        assert_eq!(rule.status_in("{\"info\": {}}"), None);
+        assert_eq!(rule.status_in("not json"), None);
     }
 
     #[test]
@@ -433,6 +532,7 @@ mod tests {
             files: BTreeMap::from([("cfg.yaml".to_string(), "a: 1".to_string())]),
             stdin: Some("hello".into()),
             logs: "/tmp/logs".into(),
+            exit_status_file: None,
         };
         let s = agent_script(&launch, "/testbed");
         assert!(s.contains("export HOME='/home/agent'\n"), "{s}");

@@ -158,6 +158,8 @@ fn forced_scripts() -> Vec<Vec<String>> {
 /// token, the commands really ran in the container, the fix was graded 1.
 fn check_good(t: &Trajectory, chat: &ChatFormat) {
     assert_eq!(t.termination, Termination::Finished, "{t:#?}");
+    // mini-swe-agent's own record of how it ended (its adapter's `[exit_status]`).
+    assert_eq!(t.metadata["agent_exit_status"], "Submitted", "{:?}", t.metadata);
     assert!(!t.infra_failure);
     assert_eq!(t.reward, Some(1.0), "grader: {:?}", t.grader);
     let script = &forced_scripts()[0];
@@ -216,13 +218,12 @@ fn mini_swe_agent_episode_inspects_edits_tests_and_gets_reward_1() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("traj.jsonl.zst");
     let run_id = format!("it-rollout-episode-{}", std::process::id());
-    let o = lego()
-        .args(rollout_args(
-            &out,
-            &["--group-size", "1", "--run-id", &run_id, "-v"],
-        ))
-        .output()
-        .unwrap();
+    // A turn budget of exactly the script's 4 turns: the agent submits on its last allowed turn,
+    // which its exit status tells apart from running out of turns.
+    let mut args = rollout_args(&out, &["--group-size", "1", "--run-id", &run_id, "-v"]);
+    let at = args.iter().position(|a| a == "--max-turns").unwrap();
+    args[at + 1] = forced_scripts()[0].len().to_string();
+    let o = lego().args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "rollout failed: {stderr}");
     assert!(

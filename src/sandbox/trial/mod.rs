@@ -92,7 +92,14 @@ pub struct TrialResult {
     pub agent_log: Option<String>,
     /// Why an infra failure happened (`<stage>: <error>`); None otherwise.
     pub infra_cause: Option<String>,
+    /// Files the harness left (see [`Trial::with_outputs`]): path → contents, for those that
+    /// existed and were readable after the agent stage.
+    pub outputs: BTreeMap<String, String>,
 }
+
+/// The most of one harness output file kept (its head): a status file is small; a transcript
+/// that outgrows this is cut, and a status inside it is then not found (the turn count decides).
+const MAX_OUTPUT_BYTES: usize = 16 << 20;
 
 fn now() -> f64 {
     SystemTime::now()
@@ -166,6 +173,8 @@ pub struct Trial {
     proxy_socket: Option<PathBuf>,
     /// Files written into the container after setup, owned by the agent user.
     files: Vec<(String, Vec<u8>)>,
+    /// Files read back after the agent stage.
+    outputs: Vec<String>,
     pub stages: BTreeMap<String, StageTiming>,
     pub audit: Vec<AuditEvent>,
 }
@@ -210,6 +219,7 @@ impl Trial {
             baseline: None,
             proxy_socket: None,
             files: Vec::new(),
+            outputs: Vec::new(),
             stages: BTreeMap::new(),
             audit: Vec::new(),
         }
@@ -228,6 +238,29 @@ impl Trial {
     pub fn with_files(mut self, files: Vec<(String, Vec<u8>)>) -> Self {
         self.files = files;
         self
+    }
+
+    /// Files (absolute paths in the container) the harness writes and the caller wants back,
+    /// read as the agent user once the agent stage is over (e.g. the harness's own exit status).
+    pub fn with_outputs(mut self, paths: Vec<String>) -> Self {
+        self.outputs = paths;
+        self
+    }
+
+    /// Reads [`Trial::with_outputs`]' files; a missing or unreadable one is left out.
+    async fn read_outputs(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for path in &self.outputs {
+            let script = format!("head -c {MAX_OUTPUT_BYTES} -- {}", sh_quote(path));
+            match self.exec(AGENT_USER, &script, self.limits.setup).await {
+                Ok(o) if o.ok() => {
+                    out.insert(path.clone(), o.stdout);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("trial {}: reading {path}: {e}", self.trial_id),
+            }
+        }
+        out
     }
 
     fn name(&self, suffix: &str) -> String {
@@ -545,6 +578,7 @@ impl Trial {
             diff: None,
             agent_log: None,
             infra_cause: None,
+            outputs: BTreeMap::new(),
         };
         let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
             r.termination = Termination::Infra(stage.to_string());
@@ -599,6 +633,7 @@ impl Trial {
                         AgentOutcome::Timeout => Termination::AgentTimeout,
                         AgentOutcome::Crash(_) => Termination::AgentCrash,
                     };
+                    result.outputs = self.read_outputs().await;
                 }
             }
             let diff = match self.extract().await {
