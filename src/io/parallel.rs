@@ -9,15 +9,13 @@
 //!
 //! [`ParallelDecoder`] is a plain [`Read`], so the line splitting, error mapping and torn-tail
 //! handling of its users stay the same: a background thread cuts the frames into jobs of ~4 MiB
-//! of output, decompresses a round of jobs on the rayon pool, and queues the outputs in file
-//! order while the reader consumes the previous round.
+//! of output, decompresses a round of jobs at once ([`map_on_threads`]), and queues the outputs
+//! in file order while the reader consumes the previous round.
 
 use std::fs::File;
 use std::io::{self, BufRead, Read};
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-
-use rayon::prelude::*;
 
 use super::frames::{frame_at, FrameScan};
 
@@ -58,7 +56,7 @@ impl ParallelDecoder {
     /// [`applies`]). Bytes after that (a torn tail) are the caller's to report.
     pub fn new(file: File, scan: &FrameScan) -> io::Result<Self> {
         let end = scan.complete_len;
-        let threads = rayon::current_num_threads().max(1);
+        let threads = round_size();
         // One round being decoded while up to a round of outputs waits for the reader.
         let (tx, rx) = sync_channel(threads);
         let (back, spent) = sync_channel::<Vec<u8>>(2 * threads + 1);
@@ -83,10 +81,7 @@ impl ParallelDecoder {
                     if jobs.is_empty() {
                         return;
                     }
-                    let outs: Vec<io::Result<Vec<u8>>> = jobs
-                        .into_par_iter()
-                        .map(|(j, buf)| decode_job(&file, &j, buf))
-                        .collect();
+                    let outs = map_on_threads(jobs, |(j, buf)| decode_job(&file, &j, buf));
                     for out in outs {
                         let failed = out.is_err();
                         if tx.send(out).is_err() || failed {
@@ -129,43 +124,52 @@ fn next_job(file: &File, pos: u64, end: u64) -> io::Result<Job> {
     Ok(job)
 }
 
-thread_local! {
-    /// One decompression context per rayon worker, reused across jobs.
-    static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
-        const { std::cell::RefCell::new(None) };
-    /// The compressed bytes of the worker's current job (reused: see `ParallelDecoder::back`).
-    static COMPRESSED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Maps `f` over `items` in order, each on its own scoped thread (one item: on this thread).
+///
+/// Not on the rayon pool: the caller of a reader or writer is often a rayon worker itself
+/// (`validate` checks files with `par_iter`), and workers blocked on a decoder's output while the
+/// decoder waits for a free worker would deadlock. A thread per ~4 MiB job costs tens of
+/// microseconds against milliseconds of zstd work.
+pub(crate) fn map_on_threads<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.into_iter().map(f).collect();
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = items.into_iter().map(|item| s.spawn(move || f(item))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    })
+}
+
+/// Jobs per round: the machine's parallelism, as rayon sees it (`RAYON_NUM_THREADS` limits it).
+pub(crate) fn round_size() -> usize {
+    rayon::current_num_threads().max(1)
 }
 
 /// Decodes `job` into `out` (a recycled buffer, or empty).
 fn decode_job(file: &File, job: &Job, mut out: Vec<u8>) -> io::Result<Vec<u8>> {
-    COMPRESSED.with_borrow_mut(|compressed| {
-        compressed.resize(job.len as usize, 0);
-        file.read_exact_at(compressed, job.start)?;
-        out.clear();
-        out.reserve(job.content as usize);
-        DCTX.with_borrow_mut(|dctx| {
-            let dctx = match dctx {
-                Some(d) => d,
-                None => dctx.insert(zstd::bulk::Decompressor::new()?),
-            };
-            // One call decodes every frame of the job into spare capacity of the declared size.
-            dctx.decompress_to_buffer(&compressed[..], &mut out)
-        })?;
-        if out.len() as u64 != job.content {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "zstd frames at bytes {}..{} decoded to {} bytes, their headers declare {}",
-                    job.start,
-                    job.start + job.len,
-                    out.len(),
-                    job.content
-                ),
-            ));
-        }
-        Ok(out)
-    })
+    let mut compressed = vec![0u8; job.len as usize];
+    file.read_exact_at(&mut compressed, job.start)?;
+    out.clear();
+    out.reserve(job.content as usize);
+    // One call decodes every frame of the job into spare capacity of the declared size.
+    zstd::bulk::Decompressor::new()?.decompress_to_buffer(&compressed[..], &mut out)?;
+    if out.len() as u64 != job.content {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "zstd frames at bytes {}..{} decoded to {} bytes, their headers declare {}",
+                job.start,
+                job.start + job.len,
+                out.len(),
+                job.content
+            ),
+        ));
+    }
+    Ok(out)
 }
 
 impl BufRead for ParallelDecoder {

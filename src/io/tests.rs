@@ -257,3 +257,39 @@ fn empty_atomic_output_is_one_valid_zstd_frame() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn readers_and_writers_inside_every_rayon_worker_do_not_deadlock() {
+    // validate reads files with par_iter, align writes from a pool: when every rayon worker
+    // waits on a parallel decoder or a frame compressor, their own threads must not need a
+    // worker. (Before they used the rayon pool, and this hung.)
+    use rayon::prelude::*;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.jsonl.zst");
+    let big = |i: usize| Task::new(format!("t{i}"), format!("fix bug {i} ").repeat(40));
+    let mut w = AtomicWriter::create(&path).unwrap();
+    for i in 0..20_000 {
+        w.write(&big(i)).unwrap();
+    }
+    w.finish().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir_path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let n = 2 * rayon::current_num_threads();
+        let counts: Vec<usize> = (0..n)
+            .into_par_iter()
+            .map(|k| {
+                let back: Vec<Task> = read_all(&path, ReadOptions::default()).unwrap();
+                let out = dir_path.join(format!("copy-{k}.jsonl.zst"));
+                let mut w = AtomicWriter::create(&out).unwrap();
+                w.write_all(&back).unwrap();
+                w.finish().unwrap() as usize
+            })
+            .collect();
+        let _ = tx.send(counts);
+    });
+    let counts = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("reading and writing from every rayon worker finished");
+    assert!(counts.iter().all(|&c| c == 20_000), "{counts:?}");
+}

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use tempfile::NamedTempFile;
 
 use super::frames;
+use super::parallel;
 use super::{is_stdio, IoError};
 use crate::records::Record;
 
@@ -56,7 +57,8 @@ enum Sink {
 }
 
 /// zstd output as independent frames, each declaring its size. Full frames go to a background
-/// thread that compresses them a round at a time on the rayon pool and writes them in order, so
+/// thread that compresses them a round at a time ([`super::parallel::map_on_threads`], not the
+/// rayon pool: a writer is often driven from a rayon worker) and writes them in order, so
 /// serializing the next records overlaps compressing the last ones (as zstd's own multi-threaded
 /// mode did, but with frames a reader can decode in parallel too).
 struct Framed {
@@ -70,7 +72,7 @@ struct Framed {
 
 impl Framed {
     fn new(out: Out) -> io::Result<Self> {
-        let threads = rayon::current_num_threads().max(1);
+        let threads = parallel::round_size();
         let (tx, rx) = sync_channel::<Vec<u8>>(threads);
         let thread = std::thread::Builder::new()
             .name("lego-rl-zstd".into())
@@ -139,10 +141,9 @@ fn compress_frames(rx: Receiver<Vec<u8>>, mut out: Out, threads: usize) -> io::R
                 Err(_) => break,
             }
         }
-        let frames: Vec<Vec<u8>> = round
-            .par_iter()
-            .map(|f| zstd::bulk::compress(f, LEVEL))
-            .collect::<io::Result<_>>()?;
+        let frames = parallel::map_on_threads(round, |f| zstd::bulk::compress(&f, LEVEL))
+            .into_iter()
+            .collect::<io::Result<Vec<_>>>()?;
         for f in &frames {
             out.write_all(f)?;
         }
