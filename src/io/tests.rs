@@ -293,3 +293,29 @@ fn readers_and_writers_inside_every_rayon_worker_do_not_deadlock() {
         .expect("reading and writing from every rayon worker finished");
     assert!(counts.iter().all(|&c| c == 20_000), "{counts:?}");
 }
+
+#[test]
+fn a_second_appender_is_refused_until_the_first_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.jsonl.zst");
+    let (mut first, _) = AppendWriter::open(&path).unwrap();
+    first.push(&task(0)).unwrap();
+    first.commit().unwrap();
+    let err = AppendWriter::open(&path)
+        .err()
+        .expect("a second appender is refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("a.jsonl.zst") && msg.contains("another process is appending"),
+        "{msg}"
+    );
+    first.push(&task(1)).unwrap();
+    first.commit().unwrap();
+    drop(first);
+    let (mut again, cut) = AppendWriter::open(&path).unwrap();
+    assert_eq!(cut, 0);
+    again.push(&task(2)).unwrap();
+    again.commit().unwrap();
+    let back: Vec<Task> = read_all(&path, ReadOptions::default()).unwrap();
+    assert_eq!(back, vec![task(0), task(1), task(2)]);
+}
