@@ -165,7 +165,8 @@ impl Engine {
         Ok(resp.id)
     }
 
-    /// Removes a network; a missing one is not an error. An endpoint can outlive its container
+    /// Removes a network (by ID, or by name when the name is unique); a missing one is not an
+    /// error. An endpoint can outlive its container
     /// by a moment (the engine detaches it asynchronously), so a failed removal is retried
     /// briefly (5 tries over ~3 s) before it counts.
     pub async fn remove_network(&self, name: &str) -> Result<(), SandboxError> {
@@ -433,7 +434,8 @@ impl Engine {
         Ok(list.into_iter().filter_map(|c| c.id).collect())
     }
 
-    /// Names of networks carrying `label=value`.
+    /// IDs of networks carrying `label=value` (IDs, not names: concurrent creates can leave two
+    /// networks of one name).
     pub async fn networks_with_label(&self, label: &str, value: &str) -> Result<Vec<String>, SandboxError> {
         let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
         let opts = ListNetworksOptions {
@@ -444,7 +446,7 @@ impl Engine {
             .list_networks(Some(opts))
             .await
             .map_err(|source| SandboxError::List { source })?;
-        Ok(list.into_iter().filter_map(|n| n.name).collect())
+        Ok(list.into_iter().filter_map(|n| n.id).collect())
     }
 
     /// Removes every container and network labelled with `run_id` (or every lego-rl trial object
@@ -476,7 +478,7 @@ impl Engine {
                 .await
                 .map_err(|source| SandboxError::List { source })?
                 .into_iter()
-                .filter_map(|n| n.name)
+                .filter_map(|n| n.id)
                 .collect::<Vec<_>>();
             (c, n)
         } else {

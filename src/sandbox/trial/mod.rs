@@ -332,8 +332,13 @@ impl Trial {
                 message: "interrupted".into(),
             });
         }
-        let net = self.name("-net");
-        self.engine.create_network(&net, self.labels()).await?;
+        // Kept and used by ID: two processes creating the same trial's network at once can both
+        // succeed (the engine's name check races; seen here with two loops on one run
+        // directory), and removing by name then fails as ambiguous.
+        let net = self
+            .engine
+            .create_network(&self.name("-net"), self.labels())
+            .await?;
         self.network = Some(net.clone());
         let mut binds = self.binds.clone();
         let mut cmd = None;
