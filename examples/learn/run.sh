@@ -24,6 +24,9 @@
 #   LEGO_RL_SFT_LOSS     stop SFT earlier once a step's loss (mean NLL per token) is below this [0: off]
 #   LEGO_RL_SFT_LR       [3e-3]        LEGO_RL_LR  GSPO learning rate [1e-3]
 #   LEGO_RL_UPDATES      GSPO optimizer updates per step, each on whole groups [1]
+#   LEGO_RL_WARMUP       GSPO learning-rate warmup, in optimizer updates (train-step --warmup-steps),
+#                        counted from the warm start's fresh optimizer [5]: without it a fresh
+#                        Adam's first full-size updates broke seed 2's warm start (README, run 8)
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
@@ -48,6 +51,7 @@ sft_loss=${LEGO_RL_SFT_LOSS:-0}
 sft_lr=${LEGO_RL_SFT_LR:-3e-3}
 lr=${LEGO_RL_LR:-1e-3}
 updates=${LEGO_RL_UPDATES:-1}
+warmup=${LEGO_RL_WARMUP:-5}
 group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-3}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
@@ -109,6 +113,8 @@ if [ ! -f "$ws/version" ]; then
   while [ "$k" -lt "$sft_steps" ]; do
     "$lego" -q train-step --loss sft --lr "$sft_lr" --updates 1 --seed "$seed" --checkpoint "$ws/sft/$(name "$k")" \
       -i "$ws/samples.jsonl.zst" --out "$ws/sft/$(name $((k + 1)))" --metrics "$ws/metrics.jsonl.zst"
+    # Only the newest SFT checkpoint is needed (with Adam's state, each is ~3x the weights).
+    rm -rf "${ws:?}/sft/$(name "$k")"
     k=$((k + 1))
     loss=$(zstd -dcq "$ws/metrics.jsonl.zst" | tail -n 1 | jq .loss)
     say "SFT step $k: loss $loss"
@@ -153,7 +159,8 @@ for ((s = 0; s < steps; s++)); do
   fi
   "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"
   rm -rf "$run/checkpoints/$next"
-  "$lego" -q train-step --loss gspo --lr "$lr" --updates "$updates" --seed "$seed" --checkpoint "$run/checkpoints/$n" \
+  "$lego" -q train-step --loss gspo --lr "$lr" --warmup-steps "$warmup" --updates "$updates" --seed "$seed" \
+    --checkpoint "$run/checkpoints/$n" \
     -i "$run/samples/$n.jsonl.zst" --out "$run/checkpoints/$next" --metrics "$run/metrics.jsonl.zst"
   # Only the newest checkpoint's optimizer state is needed to go on; keep the weights of all.
   if [ "$s" -gt 0 ]; then rm -f "$run/checkpoints/$n/optimizer.safetensors"; fi

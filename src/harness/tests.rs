@@ -32,6 +32,26 @@ fn every_example_adapter_loads() {
         names,
         ["claude-code", "mini-swe-agent", "opencode", "openhands-sdk"]
     );
+    // The learning benchmark's variant, and where both read mini-swe-agent's exit status.
+    let short = examples().join("../learn/mini-swe-agent-short.toml");
+    let short = Harness::load(&short).unwrap_or_else(|e| panic!("{e}"));
+    let full = Harness::load(&examples().join("mini-swe-agent.toml")).unwrap();
+    assert_eq!(
+        short.config.runtime, full.config.runtime,
+        "the same runtime image"
+    );
+    for h in [&short, &full] {
+        let l = h.render(&ctx());
+        assert_eq!(
+            l.exit_status_file.as_deref(),
+            Some("/tmp/lego-agent-logs/trajectory.json"),
+            "{}",
+            h.config.name
+        );
+        assert!(l
+            .argv
+            .contains(&"/tmp/lego-agent-logs/trajectory.json".to_string()));
+    }
 }
 
 #[test]
