@@ -1,13 +1,14 @@
 //! Parallel decompression of multi-frame zstd files.
 //!
 //! zstd frames are independent, so a file made of many frames can be decompressed on every
-//! core at once; one streaming decoder is bounded by a single core (`zstd -dc` speed), which is
-//! what capped lego-rl's reader before (scripts/bench/io.sh). [`super::AtomicWriter`] writes a
+//! core at once; one streaming decoder is bounded by a single core (`zstd -dc` speed). On 2 cores
+//! this does not pay (scripts/bench/io.sh: 0.94-0.97x the one-frame read, as JSON parsing already
+//! takes the other core); it is for machines with more cores. [`super::AtomicWriter`] writes a
 //! frame per ~4 MiB of records and [`super::AppendWriter`] a frame per commit, each declaring its
 //! decompressed size, so lego-rl's own files qualify; a file of one streaming frame (the `zstd`
 //! CLI, Python's stream writer, lego-rl before this) is read by the streaming decoder as before.
 //!
-//! [`ParallelDecoder`] is a plain [`Read`], so the line splitting, error mapping and torn-tail
+//! [`ParallelDecoder`] is a plain [`BufRead`], so the line splitting, error mapping and torn-tail
 //! handling of its users stay the same: a background thread cuts the frames into jobs of ~4 MiB
 //! of output, decompresses a round of jobs at once ([`map_on_threads`]), and queues the outputs
 //! in file order while the reader consumes the previous round.
@@ -36,8 +37,8 @@ pub fn applies(scan: &FrameScan) -> bool {
 /// [`BufRead`] over its own job buffers, so wrapping it in a `BufReader` only adds a copy.
 pub struct ParallelDecoder {
     rx: Receiver<io::Result<Vec<u8>>>,
-    /// Spent output buffers go back to the decoding thread: a fresh 4 MiB buffer per job costs a
-    /// page fault per 4 KiB page, which `perf stat` showed as a tenth of the read's CPU time.
+    /// Spent output buffers go back to the decoding thread, which reuses them: a fresh 4 MiB
+    /// buffer per job would cost a page fault per 4 KiB page (as in `tasks::chunks`).
     back: SyncSender<Vec<u8>>,
     current: Vec<u8>,
     offset: usize,
