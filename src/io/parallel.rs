@@ -14,7 +14,7 @@
 //! in file order while the reader consumes the previous round.
 
 use std::fs::File;
-use std::io::{self, BufRead, Read};
+use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
@@ -31,6 +31,21 @@ const JOB_CONTENT: u64 = 4 << 20;
 /// one frame, and every data frame declares a size of at most [`MAX_FRAME_CONTENT`].
 pub fn applies(scan: &FrameScan) -> bool {
     scan.frames > 1 && scan.max_content.is_some_and(|m| m <= MAX_FRAME_CONTENT)
+}
+
+/// The decompressed bytes of `file`'s complete frames (up to `scan.complete_len`; a torn tail
+/// is the caller's to report): decoded in parallel where [`applies`], else by one streaming
+/// decoder from byte 0. The one place readers choose between the two.
+pub fn decoder(mut file: File, scan: &FrameScan) -> io::Result<Box<dyn BufRead + Send>> {
+    if applies(scan) {
+        return Ok(Box::new(ParallelDecoder::new(file, scan)?));
+    }
+    file.seek(io::SeekFrom::Start(0))?;
+    let limited = BufReader::with_capacity(1 << 20, file.take(scan.complete_len));
+    Ok(Box::new(BufReader::with_capacity(
+        1 << 20,
+        zstd::Decoder::with_buffer(limited)?,
+    )))
 }
 
 /// Decompressed bytes of the complete frames of a file, in order, decoded in parallel. A

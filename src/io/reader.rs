@@ -2,14 +2,14 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use super::frames::{self, ZSTD_MAGIC};
-use super::parallel::{self, ParallelDecoder};
+use super::parallel;
 use super::{is_stdio, IoError};
 use crate::records::{check_schema, Record};
 
@@ -74,15 +74,7 @@ pub fn open_lines(path: &Path, torn_tail: TornTail) -> Result<LineSource, IoErro
             if scan.torn() {
                 torn = Some((scan.complete_len, scan.file_len));
             }
-            if parallel::applies(&scan) {
-                Box::new(ParallelDecoder::new(file, &scan).map_err(open_err)?)
-            } else {
-                let limited = BufReader::with_capacity(1 << 20, raw.take(scan.complete_len));
-                Box::new(BufReader::with_capacity(
-                    1 << 20,
-                    zstd::Decoder::with_buffer(limited).map_err(open_err)?,
-                ))
-            }
+            parallel::decoder(file, &scan).map_err(open_err)?
         } else {
             Box::new(raw)
         }

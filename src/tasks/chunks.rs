@@ -1,4 +1,4 @@
-//! The pool reader of the hot path: one thread only decompresses (on the rayon pool too, for a
+//! The pool reader of the hot path: one thread only decompresses (with helper threads for a
 //! file of many sized frames: [`crate::io::parallel`]) and cuts the stream into large chunks of
 //! whole lines; splitting into lines, UTF-8 checks and parsing happen in
 //! parallel on the workers ([`super::filter`]). This keeps the sequential part of a run to the
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use crate::io::frames::{self, ZSTD_MAGIC};
-use crate::io::parallel::{self, ParallelDecoder};
+use crate::io::parallel;
 use crate::io::IoError;
 
 /// Decompressed bytes per chunk (whole lines; a longer line makes a longer chunk).
@@ -115,12 +115,8 @@ fn open(path: &Path) -> Result<(Box<dyn Read + Send>, Option<End>), IoError> {
             offset: scan.complete_len,
             len: scan.file_len,
         });
-        if parallel::applies(&scan) {
-            let dec = ParallelDecoder::new(scan_file, &scan).map_err(err)?;
-            return Ok((Box::new(dec), torn));
-        }
-        let limited = BufReader::with_capacity(1 << 20, file.take(scan.complete_len));
-        let dec = zstd::Decoder::with_buffer(limited).map_err(err)?;
+        // (Reads into a chunk at least as large as the decoder's buffer go past it, uncopied.)
+        let dec = parallel::decoder(scan_file, &scan).map_err(err)?;
         Ok((Box::new(dec), torn))
     } else {
         Ok((Box::new(file), None))
