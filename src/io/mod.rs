@@ -74,6 +74,24 @@ pub enum IoError {
     },
 }
 
+/// Takes an exclusive advisory lock (`flock(2)`) on `file`, released when the file is closed,
+/// also when the process dies. `wait`: block until it is free; otherwise a held lock is an error
+/// of kind [`std::io::ErrorKind::WouldBlock`]. (`File::lock` / `try_lock` would do, but need Rust
+/// 1.89; the crate's MSRV is 1.85.)
+pub fn lock_exclusive(file: &std::fs::File, wait: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: flock on a descriptor `file` owns for the duration of the call.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `-` names stdin/stdout.
 pub fn is_stdio(path: &std::path::Path) -> bool {
     path.as_os_str() == "-"

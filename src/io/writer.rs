@@ -336,7 +336,15 @@ impl AppendWriter {
         // One appender per file, before anything else: a second one would take the first's
         // commit in flight for a torn frame and cut it, and both would write the same keys.
         // (An advisory lock, released when the writer is dropped or the process dies.)
-        lock_exclusive(&file).map_err(werr)?;
+        super::lock_exclusive(&file, false).map_err(|e| {
+            werr(if e.kind() == io::ErrorKind::WouldBlock {
+                io::Error::other(
+                    "another process is appending to this file (a second rollout with the same output?)",
+                )
+            } else {
+                e
+            })
+        })?;
         let scan = frames::scan(&file, 0).map_err(werr)?;
         let mut cut = 0;
         if scan.torn() {
@@ -394,22 +402,4 @@ impl AppendWriter {
         self.pending_records = 0;
         Ok(n)
     }
-}
-
-/// Takes an exclusive advisory lock (`flock`) on `file` without waiting; it is released when
-/// the file is closed. (`File::try_lock` would do, but needs Rust 1.89; the MSRV is 1.85.)
-fn lock_exclusive(file: &File) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor this File owns for the duration of the call.
-    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.kind() == io::ErrorKind::WouldBlock {
-        return Err(io::Error::other(
-            "another process is appending to this file (a second rollout with the same output?)",
-        ));
-    }
-    Err(e)
 }

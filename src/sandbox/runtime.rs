@@ -304,16 +304,7 @@ async fn lock(path: &Path) -> Result<std::fs::File, SandboxError> {
                 path: path.clone(),
                 source,
             })?;
-        // flock(2) rather than `File::lock` (Rust 1.89; the crate's MSRV is 1.85). Released when
-        // the file is closed, also when the process dies.
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: `f` is an open file for the duration of the call.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(SandboxError::ReadFile {
-                path,
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        crate::io::lock_exclusive(&f, true).map_err(|source| SandboxError::ReadFile { path, source })?;
         Ok(f)
     })
     .await
