@@ -42,6 +42,10 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   logprob_pearson >= 0.99, expert_overlap >= 0.9, infra_failure_rate <= 0.1,
 ///   align_drop_rate <= 0.05, git_history_rate / test_edit_rate / blocked_egress_rate <= 0.05,
 ///   zero_variance_group_fraction <= 0.9, staleness_max <= 2, and 0 for each consistency check.
+///   Reward collapse, judged on the whole run: train_reward_drop <= 0 (the first 5 steps' mean
+///   train reward minus the latest 5 steps', at the lower end of its 95% interval: above 0 means
+///   significantly worse than at the start) and heldout_reward_drop <= 0 (likewise, the first
+///   held-out evaluation in RUN_DIR/eval/ against the latest).
 ///
 /// Example:
 ///   lego-rl validate run/ || exit 1

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::health::{Health, StepHealth, CHECKS};
+use super::health::{Health, RewardSum, StepHealth, CHECKS};
 use crate::records::{GateResult, StepMetrics};
 
 /// Errors in a gate configuration.
@@ -115,6 +115,18 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         Op::AtMost,
         2.0,
         "steps between the sampling policy and the step",
+    ),
+    (
+        "train_reward_drop",
+        Op::AtMost,
+        0.0,
+        "train reward's fall from the first 5 steps to the latest 5, at its 95% lower bound",
+    ),
+    (
+        "heldout_reward_drop",
+        Op::AtMost,
+        0.0,
+        "held-out reward's fall from the first evaluation to the latest, at its 95% lower bound",
     ),
     (
         "duplicate_trajectory_ids",
@@ -233,6 +245,78 @@ impl GateConfig {
     }
 }
 
+/// Steps per window of the train-reward gate: the first window is compared with the latest, so
+/// the gate is measured once a run has twice this many steps with graded trajectories.
+pub const REWARD_WINDOW: usize = 5;
+
+/// The reward-collapse gates judge the whole run, not a step: how much the mean reward fell
+/// from a baseline (the first window of train steps, the first held-out evaluation) to now,
+/// taken at the lower end of its 95% interval (normal approximation, rewards independent:
+/// `(before - now) - 1.96 * sqrt(var_before + var_now)`). Above 0 means "significantly worse than
+/// at the start", which is what a policy collapse looks like while every pipeline gate stays green
+/// (examples/learn/README.md, run 8). Comparing with the start, not the best window so far, keeps
+/// the test free of the selection a maximum would add. Value and a detail, or None if the run has
+/// too little to compare.
+fn run_level(name: &str, h: &Health) -> Option<(f64, String)> {
+    let drop = |before: RewardSum, now: RewardSum| -> Option<f64> {
+        let d = before.mean()? - now.mean()?;
+        Some(d - 1.96 * (before.var_of_mean()? + now.var_of_mean()?).sqrt())
+    };
+    let show = |r: RewardSum| format!("{:.3} (n={})", r.mean().unwrap_or(0.0), r.n);
+    match name {
+        "train_reward_drop" => {
+            let steps: Vec<(u64, RewardSum)> = h
+                .steps
+                .iter()
+                .map(|(k, s)| (*k, s.rewards()))
+                .filter(|(_, r)| r.n > 0)
+                .collect();
+            if steps.len() < 2 * REWARD_WINDOW {
+                return None;
+            }
+            let sum = |w: &[(u64, RewardSum)]| {
+                let mut t = RewardSum::default();
+                w.iter().for_each(|(_, r)| t.add(*r));
+                t
+            };
+            let (first, last) = (&steps[..REWARD_WINDOW], &steps[steps.len() - REWARD_WINDOW..]);
+            let (a, b) = (sum(first), sum(last));
+            Some((
+                drop(a, b)?,
+                format!(
+                    "steps {}-{}: {} -> steps {}-{}: {}",
+                    first[0].0,
+                    first[REWARD_WINDOW - 1].0,
+                    show(a),
+                    last[0].0,
+                    last[REWARD_WINDOW - 1].0,
+                    show(b)
+                ),
+            ))
+        }
+        "heldout_reward_drop" => {
+            let evals: Vec<(u64, RewardSum)> = h
+                .eval
+                .iter()
+                .map(|(k, r)| (*k, *r))
+                .filter(|(_, r)| r.n > 0)
+                .collect();
+            let (&(s0, a), &(s1, b)) = (evals.first()?, evals.last()?);
+            if s0 == s1 {
+                return None;
+            }
+            Some((
+                drop(a, b)?,
+                format!("eval {s0}: {} -> eval {s1}: {}", show(a), show(b)),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Gates judged on the whole run by [`run_level`].
+const RUN_LEVEL: &[&str] = &["train_reward_drop", "heldout_reward_drop"];
+
 fn metric(name: &str, m: &StepMetrics) -> Option<f64> {
     match name {
         "logprob_pearson" => m.logprob_pearson,
@@ -275,6 +359,21 @@ pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
                 threshold,
                 passed: op.ok(value, threshold),
                 detail: (!p.examples.is_empty()).then(|| p.examples.join("; ")),
+            });
+            continue;
+        }
+        if RUN_LEVEL.contains(&name) {
+            let (value, detail) = match run_level(name, h) {
+                Some((v, d)) => (Some(v), d),
+                None => (None, "not measured".to_string()),
+            };
+            out.push(GateResult {
+                name: name.into(),
+                value,
+                op: op.symbol().into(),
+                threshold,
+                passed: value.is_none_or(|v| op.ok(v, threshold)),
+                detail: Some(detail),
             });
             continue;
         }
@@ -395,5 +494,105 @@ mod tests {
         assert_eq!(infra.detail.as_deref(), Some("failing step 0: 0.5000"));
         let pearson = g.iter().find(|g| g.name == "logprob_pearson").unwrap();
         assert!(pearson.passed && pearson.value.is_none());
+    }
+
+    fn rewards(hits: u64, n: u64) -> RewardSum {
+        RewardSum {
+            n,
+            sum: hits as f64,
+            sq_sum: hits as f64,
+        }
+    }
+
+    fn with_train_rewards(hits: &[u64], per_step: u64) -> Health {
+        let mut h = Health::default();
+        for (i, &k) in hits.iter().enumerate() {
+            let r = rewards(k, per_step);
+            h.steps.insert(
+                i as u64,
+                StepHealth {
+                    step: i as u64,
+                    trajectories: per_step,
+                    graded: r.n,
+                    reward_sum: r.sum,
+                    reward_sq_sum: r.sq_sum,
+                    ..Default::default()
+                },
+            );
+        }
+        h
+    }
+
+    fn gate<'a>(g: &'a [GateResult], name: &str) -> &'a GateResult {
+        g.iter().find(|g| g.name == name).unwrap()
+    }
+
+    #[test]
+    fn heldout_collapse_fails_and_a_rise_passes() {
+        // Run 8 of examples/learn: 23/96 at the warm start, 2/96 after 25 GSPO steps.
+        let mut h = Health::default();
+        h.eval.insert(40, rewards(23, 96));
+        h.eval.insert(45, rewards(12, 24));
+        h.eval.insert(65, rewards(2, 96));
+        let g = judge(&h, &GateConfig::default());
+        let drop = gate(&g, "heldout_reward_drop");
+        let (a, b): (f64, f64) = (23.0 / 96.0, 2.0 / 96.0);
+        let want = (a - b) - 1.96 * (a * (1.0 - a) / 96.0 + b * (1.0 - b) / 96.0).sqrt();
+        assert!((drop.value.unwrap() - want).abs() < 1e-12, "{drop:?}");
+        assert!((want - 0.1287).abs() < 1e-3);
+        assert!(!drop.passed);
+        assert_eq!(
+            drop.detail.as_deref(),
+            Some("eval 40: 0.240 (n=96) -> eval 65: 0.021 (n=96)")
+        );
+        // Run 7: 40/96 -> 64/96.
+        h.eval.clear();
+        h.eval.insert(40, rewards(40, 96));
+        h.eval.insert(66, rewards(64, 96));
+        let drop = gate(&judge(&h, &GateConfig::default()), "heldout_reward_drop").clone();
+        assert!(drop.passed && drop.value.unwrap() < 0.0, "{drop:?}");
+        // One evaluation: nothing to compare.
+        h.eval.remove(&66);
+        let drop = gate(&judge(&h, &GateConfig::default()), "heldout_reward_drop").clone();
+        assert!(drop.passed && drop.value.is_none());
+        assert_eq!(drop.detail.as_deref(), Some("not measured"));
+    }
+
+    #[test]
+    fn train_reward_drop_compares_first_and_latest_windows() {
+        // Run 8's train batches (of 24): a fall too small to be told from noise.
+        let run8 = [
+            7, 3, 0, 2, 2, 1, 4, 1, 0, 1, 3, 3, 5, 3, 7, 7, 5, 4, 3, 2, 3, 1, 3, 0, 1,
+        ];
+        let g = judge(&with_train_rewards(&run8, 24), &GateConfig::default());
+        let drop = gate(&g, "train_reward_drop");
+        let (a, b): (f64, f64) = (14.0 / 120.0, 8.0 / 120.0);
+        let want = (a - b) - 1.96 * (a * (1.0 - a) / 120.0 + b * (1.0 - b) / 120.0).sqrt();
+        assert!((drop.value.unwrap() - want).abs() < 1e-12, "{drop:?}");
+        assert!(drop.passed);
+        assert_eq!(
+            drop.detail.as_deref(),
+            Some("steps 0-4: 0.117 (n=120) -> steps 20-24: 0.067 (n=120)")
+        );
+        // A collapse: half the batch solved, then almost nothing.
+        let collapse = [12, 12, 11, 13, 12, 6, 3, 1, 1, 0, 1];
+        let drop = gate(
+            &judge(&with_train_rewards(&collapse, 24), &GateConfig::default()),
+            "train_reward_drop",
+        )
+        .clone();
+        assert!(!drop.passed && drop.value.unwrap() > 0.3, "{drop:?}");
+        // Fewer than two windows of steps: not measured; and the gate can be switched off.
+        let mut cfg = GateConfig::default();
+        let drop = gate(
+            &judge(&with_train_rewards(&collapse[..9], 24), &cfg),
+            "train_reward_drop",
+        )
+        .clone();
+        assert!(drop.passed && drop.value.is_none());
+        cfg.apply_flag("train_reward_drop=off").unwrap();
+        assert!(judge(&with_train_rewards(&collapse, 24), &cfg)
+            .iter()
+            .all(|g| g.name != "train_reward_drop"));
     }
 }

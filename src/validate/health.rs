@@ -24,6 +24,8 @@ pub struct StepHealth {
     /// Graded (reward not null, not infra) trajectories and their reward sum.
     pub graded: u64,
     pub reward_sum: f64,
+    /// Sum of squared rewards (a variance for the reward-drop gates).
+    pub reward_sq_sum: f64,
     /// Trajectories with at least one audit event of each kind.
     pub audit: BTreeMap<String, u64>,
     /// Groups with at least one graded member, and those whose graded rewards are all equal.
@@ -61,6 +63,42 @@ impl StepHealth {
     }
 }
 
+/// Graded rewards of a set of trajectories: count, sum and sum of squares.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct RewardSum {
+    pub n: u64,
+    pub sum: f64,
+    pub sq_sum: f64,
+}
+
+impl RewardSum {
+    pub fn add(&mut self, other: RewardSum) {
+        self.n += other.n;
+        self.sum += other.sum;
+        self.sq_sum += other.sq_sum;
+    }
+    pub fn mean(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / self.n as f64)
+    }
+    /// Variance of the mean (the rewards' sample variance over n; rewards taken as independent).
+    pub fn var_of_mean(&self) -> Option<f64> {
+        let m = self.mean()?;
+        let var = (self.sq_sum / self.n as f64 - m * m).max(0.0);
+        Some(var / self.n as f64)
+    }
+}
+
+impl StepHealth {
+    /// This step's graded rewards.
+    pub fn rewards(&self) -> RewardSum {
+        RewardSum {
+            n: self.graded,
+            sum: self.reward_sum,
+            sq_sum: self.reward_sq_sum,
+        }
+    }
+}
+
 /// One kind of cross-file inconsistency: how many, and the first few.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Problem {
@@ -84,6 +122,8 @@ pub struct Health {
     pub metrics: Vec<StepMetrics>,
     pub trajectories: u64,
     pub samples: u64,
+    /// Held-out evaluations (`eval/`): graded rewards per evaluated policy version.
+    pub eval: BTreeMap<u64, RewardSum>,
     /// Cross-file consistency, by check name.
     pub problems: BTreeMap<String, Problem>,
 }
@@ -117,12 +157,13 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
         if t.is_infra_failure() {
             s.infra_failures += 1;
         }
-        let graded = !t.infra_failure && t.reward.is_some();
+        let graded = !t.is_infra_failure() && t.reward.is_some();
         let g = groups.entry((step, t.task_id.clone(), t.group_id)).or_default();
         g.0 += 1;
         if let (true, Some(r)) = (graded, t.reward) {
             s.graded += 1;
             s.reward_sum += r;
+            s.reward_sq_sum += r * r;
             g.1.push(r);
         }
         let kinds: HashSet<&str> = t.audit.iter().map(|a| a.kind.as_str()).collect();
@@ -245,6 +286,23 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
             s.aligned_turns += r.aligned_turns;
             s.dropped_turns += r.dropped_turns;
         }
+    }
+    // Held-out evaluations: only their rewards (they are not training data, so the per-step
+    // checks above do not apply to them).
+    for (step, path) in &files.eval {
+        let mut reader = crate::io::open_records::<Trajectory>(path, opts)?;
+        for t in reader.by_ref() {
+            let t = t?;
+            let e = h.eval.entry(step.unwrap_or(t.policy_version)).or_default();
+            if let (false, Some(r)) = (t.is_infra_failure(), t.reward) {
+                e.add(RewardSum {
+                    n: 1,
+                    sum: r,
+                    sq_sum: r * r,
+                });
+            }
+        }
+        reader.warn_skipped();
     }
     h.metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
     h.problems = problems;

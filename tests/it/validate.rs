@@ -26,7 +26,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("13 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("15 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
@@ -275,4 +275,60 @@ fn held_out_eval_and_compare() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("compare: 4 common task(s)"), "{text}");
+}
+
+/// A policy collapse that every pipeline gate misses (examples/learn, run 8): the held-out
+/// reward falls from the first evaluation under eval/ to the latest, and validate fails on it.
+#[test]
+fn heldout_reward_collapse_fails_the_run() {
+    use lego_rl::io::AtomicWriter;
+    use lego_rl::records::Trajectory;
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), &Synth::default());
+    let eval = |version: u64, solved: usize| -> Vec<Trajectory> {
+        (0..40)
+            .map(|i| {
+                let mut t = crate::synth::trajectory(&Synth::default(), version, i % 8, (i / 8) as u32, i);
+                t.reward = Some(f64::from(u8::from(i < solved)));
+                t
+            })
+            .collect()
+    };
+    std::fs::create_dir_all(dir.path().join("eval")).unwrap();
+    for (version, solved) in [(0, 16), (1, 13), (2, 2)] {
+        let mut w =
+            AtomicWriter::create(&dir.path().join(format!("eval/step-{version:06}.jsonl.zst"))).unwrap();
+        w.write_all(&eval(version, solved)).unwrap();
+        w.finish().unwrap();
+    }
+    let out = lego()
+        .args(["validate", "--no-report", "--json"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = gate(&v, "heldout_reward_drop");
+    assert_eq!(g["passed"], false, "{g}");
+    assert_eq!(g["detail"], "eval 0: 0.400 (n=40) -> eval 2: 0.050 (n=40)");
+    let (a, b): (f64, f64) = (0.4, 0.05);
+    let want = (a - b) - 1.96 * (a * (1.0 - a) / 40.0 + b * (1.0 - b) / 40.0).sqrt();
+    assert!((g["value"].as_f64().unwrap() - want).abs() < 1e-9, "{g}");
+    // Every other gate passes: only the reward shows the collapse.
+    let failed: Vec<&str> = v["report"]["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["passed"] == false)
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["heldout_reward_drop"]);
+    // Too few train steps (3 < 2 windows of 5) for the train-reward gate.
+    assert_eq!(gate(&v, "train_reward_drop")["detail"], "not measured");
+    let out = lego()
+        .args(["validate", "--no-report", "--gate", "heldout_reward_drop=off"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
