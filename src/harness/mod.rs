@@ -18,6 +18,12 @@
 //! | `{model}` | the model name the harness should send (`policy`) |
 //! | `{max_turns}` | the turn budget |
 //! | `{logs}` | the harness's log directory, created before the run (not kept with the trial; `[exit_status]` may read its status file there) |
+//!
+//! `[exit_status]` says where the harness records how it ended, in its own words: `file`, `format`
+//! (`json`, the default, or `jsonl`: the last record of a JSON Lines file such as a teed
+//! `stream-json` stdout, optionally the last one matching `record`), a JSON `pointer` to the
+//! status string, and the statuses that mean `finished`, `max_turns` or `agent_crash` (see
+//! [`ExitStatusConfig`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -102,12 +108,20 @@ pub struct HarnessConfig {
     pub exit_status: Option<ExitStatusConfig>,
 }
 
-/// A harness's own record of how it ended: a string inside a JSON file it writes.
+/// A harness's own record of how it ended: a string inside a JSON (or JSON Lines) file it writes.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExitStatusConfig {
     /// The file (placeholders allowed), e.g. `{logs}/trajectory.json`.
     pub file: String,
+    /// How the file is laid out: one JSON document (the default) or JSON Lines.
+    #[serde(default)]
+    pub format: StatusFormat,
+    /// With `format = "jsonl"`, which records may carry the status: JSON pointer → the string it
+    /// must lead to, e.g. `{ "/type" = "result" }`. The last record matching all of them is read
+    /// (none given: the last record).
+    #[serde(default)]
+    pub record: BTreeMap<String, String>,
     /// JSON pointer (RFC 6901) to the status string in it, e.g. `/info/exit_status`.
     pub pointer: String,
     /// Statuses meaning the agent ended on its own (submitted) → `finished`.
@@ -116,12 +130,43 @@ pub struct ExitStatusConfig {
     /// Statuses meaning the turn budget ran out → `max_turns`.
     #[serde(default)]
     pub max_turns: Vec<String>,
+    /// Statuses meaning the harness gave up on a run the agent had not finished (its own error,
+    /// its loop detection) → `agent_crash`, even when it then exited with 0.
+    #[serde(default)]
+    pub agent_crash: Vec<String>,
+}
+
+/// The layout of an [`ExitStatusConfig`] file.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusFormat {
+    /// One JSON document, e.g. mini-swe-agent's trajectory file.
+    #[default]
+    Json,
+    /// JSON Lines, e.g. Claude Code's `stream-json` stdout teed into `{logs}`: the pointer is
+    /// applied to the last JSON record that matches [`ExitStatusConfig::record`]. Lines that are
+    /// not a JSON object are skipped, as claude-agent-sdk's reader of the CLI's stdout skips
+    /// non-JSON lines, and so is a last line cut short when the harness was killed mid-write.
+    Jsonl,
 }
 
 impl ExitStatusConfig {
     /// The status in `text` (the file's contents), if the pointer leads to a string.
     pub fn status_in(&self, text: &str) -> Option<String> {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let v: serde_json::Value = match self.format {
+            StatusFormat::Json => serde_json::from_str(text).ok()?,
+            StatusFormat::Jsonl => text
+                .lines()
+                .rev()
+                .map(str::trim)
+                .filter(|l| l.starts_with('{'))
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| {
+                    self.record
+                        .iter()
+                        .all(|(p, want)| v.pointer(p).and_then(|x| x.as_str()) == Some(want.as_str()))
+                })?,
+        };
         v.pointer(&self.pointer)?.as_str().map(str::to_string)
     }
 }
@@ -257,11 +302,20 @@ impl Harness {
         fields.push(("logs".into(), c.logs.as_str()));
         if let Some(e) = &c.exit_status {
             fields.push(("exit_status.file".into(), e.file.as_str()));
-            if !e.pointer.is_empty() && !e.pointer.starts_with('/') {
-                return Err(invalid(format!(
-                    "`exit_status.pointer` must be a JSON pointer starting with `/`, not `{}`",
-                    e.pointer
-                )));
+            let pointers = std::iter::once(("pointer".to_string(), &e.pointer))
+                .chain(e.record.keys().map(|k| (format!("record.\"{k}\""), k)));
+            for (field, p) in pointers {
+                if !p.is_empty() && !p.starts_with('/') {
+                    return Err(invalid(format!(
+                        "`exit_status.{field}` must be a JSON pointer starting with `/`, not `{p}`"
+                    )));
+                }
+            }
+            if !e.record.is_empty() && e.format != StatusFormat::Jsonl {
+                return Err(invalid(
+                    "`exit_status.record` selects records of a JSON Lines file: it needs `format = \"jsonl\"`"
+                        .into(),
+                ));
             }
         }
         if let Some(f) = &c.instruction_file {

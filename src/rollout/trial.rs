@@ -235,8 +235,8 @@ fn tail(s: &str, n: usize) -> String {
 /// How a trial ended, refining the sandbox's view with the captures and the harness's own exit
 /// status (`status`, from [`HarnessConfig::exit_status`]): a model-side failure is
 /// `infra:model`; a prompt over the context is `context_limit`; a status the adapter lists
-/// decides `finished` / `max_turns`; otherwise an adapter's turn-budget exit code, or a main
-/// thread that used the whole turn budget, is `max_turns`.
+/// decides `finished` / `max_turns` / `agent_crash`; otherwise an adapter's turn-budget exit
+/// code, or a main thread that used the whole turn budget, is `max_turns`.
 pub fn classify(
     sandbox: &Termination,
     exit_code: Option<i64>,
@@ -269,6 +269,11 @@ pub fn classify(
         let listed = |l: &[String]| l.iter().any(|s| s == status);
         if listed(&rule.max_turns) {
             return Termination::MaxTurns;
+        }
+        if listed(&rule.agent_crash) && matches!(sandbox, Termination::Finished | Termination::AgentCrash) {
+            // The harness gave up, in its own words, whatever its exit code (OpenHands' stuck
+            // detector exits 0) and however many turns it used.
+            return Termination::AgentCrash;
         }
         if listed(&rule.finished) && matches!(sandbox, Termination::Finished) {
             // Submitted, possibly on its last allowed turn: not a budget stop.
@@ -396,19 +401,23 @@ mod tests {
         }
     }
 
+    /// mini-swe-agent's exit-status rule.
+    const MINI_RULE: &str =
+        "[exit_status]\nfile = \"{logs}/trajectory.json\"\npointer = \"/info/exit_status\"\n\
+                             finished = [\"Submitted\"]\nmax_turns = [\"LimitsExceeded\"]\n";
+
     /// An adapter with a turn budget, turn-budget exit codes and optionally mini-swe-agent's
     /// exit-status rule.
     fn harness(max_turns: u32, codes: &[i64], status_rule: bool) -> HarnessConfig {
-        let mut text = format!(
+        harness_with(max_turns, codes, if status_rule { MINI_RULE } else { "" })
+    }
+
+    /// An adapter with a turn budget, turn-budget exit codes and the given `[exit_status]` text.
+    fn harness_with(max_turns: u32, codes: &[i64], rule: &str) -> HarnessConfig {
+        let text = format!(
             "name = \"h\"\ndescription = \"d\"\napi = \"openai\"\ncommand = [\"run\", \"{{instruction}}\"]\n\
-             max_turns = {max_turns}\nmax_turns_exit_codes = {codes:?}\n[runtime]\n"
+             max_turns = {max_turns}\nmax_turns_exit_codes = {codes:?}\n[runtime]\n{rule}"
         );
-        if status_rule {
-            text.push_str(
-                "[exit_status]\nfile = \"{logs}/trajectory.json\"\npointer = \"/info/exit_status\"\n\
-                 finished = [\"Submitted\"]\nmax_turns = [\"LimitsExceeded\"]\n",
-            );
-        }
         toml::from_str(&text).unwrap()
     }
 
@@ -505,6 +514,84 @@ mod tests {
         assert_eq!(rule.status_in(file).as_deref(), Some("Submitted"));
         assert_eq!(rule.status_in("{\"info\": {}}"), None);
         assert_eq!(rule.status_in("not json"), None);
+        // JSON Lines (Claude Code's teed stream-json stdout): the last `result` record decides.
+        let h = harness_with(
+            2,
+            &[],
+            "[exit_status]\nfile = \"{logs}/claude.jsonl\"\nformat = \"jsonl\"\npointer = \"/subtype\"\n\
+             record = { \"/type\" = \"result\" }\nfinished = [\"success\"]\nmax_turns = [\"error_max_turns\"]\n",
+        );
+        let rule = h.exit_status.as_ref().unwrap();
+        let init = "{\"type\":\"system\",\"subtype\":\"init\"}";
+        let stream = format!(
+            "{init}\n[SandboxDebug] not json\n{{\"subtype\":\"success\",\"is_error\":false,\"type\":\"result\"}}\n\
+             {{\"type\":\"system\",\"subtype\":\"post_turn_summary\"}}\n\n"
+        );
+        let status = rule.status_in(&stream);
+        assert_eq!(status.as_deref(), Some("success"));
+        assert_eq!(classify(&fin, Some(0), &two, &h, status.as_deref()), fin);
+        let out_of_turns = format!("{init}\n{{\"type\":\"result\",\"subtype\":\"error_max_turns\"}}\n");
+        let status = rule.status_in(&out_of_turns);
+        assert_eq!(status.as_deref(), Some("error_max_turns"));
+        assert_eq!(
+            classify(
+                &Termination::AgentCrash,
+                Some(1),
+                &two[..1],
+                &h,
+                status.as_deref()
+            ),
+            Termination::MaxTurns
+        );
+        // Killed mid-write, before any result: no status, not the `init` record's subtype.
+        assert_eq!(
+            rule.status_in(&format!("{init}\n{{\"type\":\"result\",\"sub")),
+            None
+        );
+        assert_eq!(rule.status_in(""), None);
+        // Without `record`, the last JSON record is read.
+        let mut any = rule.clone();
+        any.record.clear();
+        assert_eq!(any.status_in(&stream).as_deref(), Some("post_turn_summary"));
+    }
+
+    #[test]
+    fn an_agent_crash_status_overrides_a_clean_exit_and_the_turn_count() {
+        let two = vec![gen(0, "ok"), gen(0, "ok")];
+        let h = harness_with(
+            2,
+            &[],
+            "[exit_status]\nfile = \"{logs}/status.json\"\npointer = \"/status\"\n\
+             finished = [\"finished\"]\nmax_turns = [\"MaxIterationsReached\"]\nagent_crash = [\"stuck\"]\n",
+        );
+        let fin = Termination::Finished;
+        // OpenHands' stuck detector ends run() normally: exit 0, yet the agent did not finish.
+        assert_eq!(
+            classify(&fin, Some(0), &two[..1], &h, Some("stuck")),
+            Termination::AgentCrash
+        );
+        assert_eq!(
+            classify(&fin, Some(0), &two, &h, Some("stuck")),
+            Termination::AgentCrash
+        );
+        assert_eq!(
+            classify(&Termination::AgentCrash, Some(1), &two, &h, Some("stuck")),
+            Termination::AgentCrash
+        );
+        // Timeouts and the model's failures still come first.
+        assert_eq!(
+            classify(&Termination::AgentTimeout, None, &two, &h, Some("stuck")),
+            Termination::AgentTimeout
+        );
+        let down = vec![gen(0, "infra_error")];
+        assert_eq!(
+            classify(&fin, Some(0), &down, &h, Some("stuck")),
+            Termination::Infra("model".into())
+        );
+        assert_eq!(
+            classify(&fin, Some(0), &two[..1], &h, Some("MaxIterationsReached")),
+            Termination::MaxTurns
+        );
     }
 
     #[test]

@@ -236,6 +236,8 @@ fn claude_code_episode_inspects_edits_tests_and_gets_reward_1() {
     }
     let (t, dir) = episode("claude-code");
     check_episode("claude-code", &t, dir.path(), "stop");
+    // The CLI's own word on how it ended: the `result` record of its teed stream-json stdout.
+    assert_eq!(t.metadata["agent_exit_status"], "success", "{:?}", t.metadata);
     let first = &t.generations[0];
     assert_eq!(first.api, "anthropic");
     // The real CLI's request: its own system prompt and tool set, the task as the last user block.
@@ -253,6 +255,8 @@ fn openhands_sdk_episode_inspects_edits_tests_and_gets_reward_1() {
     }
     let (t, dir) = episode("openhands-sdk");
     check_episode("openhands-sdk", &t, dir.path(), "tool_calls");
+    // The SDK's own word on how it ended, from the launcher's status.json.
+    assert_eq!(t.metadata["agent_exit_status"], "finished", "{:?}", t.metadata);
     let first = &t.generations[0];
     assert_eq!(first.api, "openai");
     let tools = tool_names(&first.request, "/function/name");

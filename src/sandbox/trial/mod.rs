@@ -97,8 +97,9 @@ pub struct TrialResult {
     pub outputs: BTreeMap<String, String>,
 }
 
-/// The most of one harness output file kept (its head): a status file is small; a transcript
-/// that outgrows this is cut, and a status inside it is then not found (the turn count decides).
+/// The most of one harness output file kept (its tail): a status file is small; a JSON transcript
+/// that outgrows this is cut and no longer parses (the turn count decides), while the tail of a
+/// JSON Lines stream still holds its last record, where a harness's final status is.
 const MAX_OUTPUT_BYTES: usize = 16 << 20;
 
 fn now() -> f64 {
@@ -251,7 +252,7 @@ impl Trial {
     async fn read_outputs(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         for path in &self.outputs {
-            let script = format!("head -c {MAX_OUTPUT_BYTES} -- {}", sh_quote(path));
+            let script = format!("tail -c {MAX_OUTPUT_BYTES} -- {}", sh_quote(path));
             match self.exec(AGENT_USER, &script, self.limits.setup).await {
                 Ok(o) if o.ok() => {
                     out.insert(path.clone(), o.stdout);
