@@ -113,8 +113,6 @@ pub enum EngineError {
     Failed { backend: &'static str, msg: String },
     #[error("prompt of {prompt} tokens does not fit the context of {context} tokens")]
     ContextLength { prompt: usize, context: usize },
-    #[error("{backend}: weight reload is not supported: {msg}")]
-    ReloadUnsupported { backend: &'static str, msg: String },
 }
 
 /// One output token as soon as it is produced: its id and log-prob (as in [`GenerateOutput`]).

@@ -119,7 +119,141 @@ async fn vllm_client_reads_tokens_logprobs_and_npy_routing() {
     let r = out.routing.unwrap();
     assert_eq!((r.start, r.tokens, r.layers, r.top_k), (0, 5, LAYERS, TOP_K));
     assert_eq!(r.experts[(4 * LAYERS + 1) * TOP_K + 1], expert(4, 1, 1));
-    assert!(backend.reload(std::path::Path::new("/ckpt")).await.is_err());
+    // This server mounts no dev-mode routes, as `vllm serve` without VLLM_SERVER_DEV_MODE=1.
+    let err = backend
+        .reload(std::path::Path::new("/ckpt"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/pause?mode=wait"), "{err}");
+    assert!(err.contains("answered 404"), "{err}");
+    assert!(err.contains("VLLM_SERVER_DEV_MODE=1"), "{err}");
+}
+
+/// Every request a fake vLLM dev-mode server received: path with query, and body.
+type DevLog = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// vLLM's dev-mode endpoints, answering in the shapes of vllm/entrypoints/serve/{rlhf,rpc,cache}/
+/// api_router.py; `/collective_rpc` answers `rpc_status` with `rpc_body`.
+fn vllm_dev_server(log: DevLog, rpc_status: u16, rpc_body: &'static str) -> Router {
+    use axum::extract::State;
+    use axum::http::{StatusCode, Uri};
+    async fn record(State(log): State<DevLog>, uri: Uri, body: String) -> (StatusCode, String) {
+        log.lock().unwrap().push((uri.to_string(), body));
+        let answer = match uri.path() {
+            "/pause" => r#"{"status":"paused"}"#,
+            "/resume" => r#"{"status":"resumed"}"#,
+            _ => "",
+        };
+        (StatusCode::OK, answer.to_string())
+    }
+    Router::new()
+        .route("/pause", post(record))
+        .route("/reset_prefix_cache", post(record))
+        .route("/resume", post(record))
+        .route(
+            "/collective_rpc",
+            post(
+                move |State(log): State<DevLog>, uri: Uri, body: String| async move {
+                    log.lock().unwrap().push((uri.to_string(), body));
+                    (StatusCode::from_u16(rpc_status).unwrap(), rpc_body)
+                },
+            ),
+        )
+        .with_state(log)
+}
+
+/// The logged requests with their bodies parsed (`Null` for none).
+fn sent(log: &DevLog) -> Vec<(String, Value)> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .map(|(uri, body)| {
+            let v = if body.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(body).unwrap()
+            };
+            (uri.clone(), v)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn vllm_reload_pauses_loads_resets_prefix_cache_and_resumes() {
+    let log = DevLog::default();
+    let addr = serve(vllm_dev_server(log.clone(), 200, r#"{"results":[null,null]}"#)).await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}/"));
+    backend
+        .reload(std::path::Path::new("/ckpt/step-000001"))
+        .await
+        .unwrap();
+    assert_eq!(
+        sent(&log),
+        vec![
+            (
+                "/pause?mode=wait&wait_for_inflight_requests=true".to_string(),
+                Value::Null
+            ),
+            (
+                "/collective_rpc".to_string(),
+                json!({"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-000001"}}),
+            ),
+            ("/reset_prefix_cache".to_string(), Value::Null),
+            ("/resume".to_string(), Value::Null),
+        ]
+    );
+
+    // The server resolves paths against its own working directory, so a relative one is sent
+    // absolute; an empty 200 (the engine returned nothing) is a success too.
+    let log = DevLog::default();
+    let addr = serve(vllm_dev_server(log.clone(), 200, "")).await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
+    backend
+        .reload(std::path::Path::new("checkpoints/step-000002"))
+        .await
+        .unwrap();
+    let want = std::env::current_dir().unwrap().join("checkpoints/step-000002");
+    assert_eq!(sent(&log)[1].1["kwargs"]["weights_path"], want.to_str().unwrap());
+    assert_eq!(sent(&log).len(), 4);
+}
+
+#[tokio::test]
+async fn vllm_reload_failure_leaves_the_server_paused_and_says_why() {
+    // What a vLLM older than vllm-project/vllm#32133 answers: its reload_weights takes no arguments.
+    let log = DevLog::default();
+    let answer = r#"{"error":{"message":"Worker.reload_weights() got an unexpected keyword argument 'weights_path'","code":500}}"#;
+    let addr = serve(vllm_dev_server(log.clone(), 500, answer)).await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
+    let err = backend
+        .reload(std::path::Path::new("/ckpt/step-000001"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/collective_rpc answered HTTP 500"), "{err}");
+    assert!(err.contains("stays paused"), "{err}");
+    assert!(err.contains("vllm-project/vllm#32133"), "{err}");
+    let paths: Vec<String> = sent(&log).into_iter().map(|(uri, _)| uri).collect();
+    assert_eq!(
+        paths,
+        [
+            "/pause?mode=wait&wait_for_inflight_requests=true",
+            "/collective_rpc"
+        ],
+        "no cache reset and no resume after a failed load"
+    );
+
+    // A 200 that is not the documented `{"results": [...]}` is not taken for a reload either.
+    let log = DevLog::default();
+    let addr = serve(vllm_dev_server(log.clone(), 200, r#"{"detail":"?"}"#)).await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
+    let err = backend
+        .reload(std::path::Path::new("/ckpt"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no `results` list"), "{err}");
+    assert_eq!(sent(&log).len(), 2);
 }
 
 #[tokio::test]

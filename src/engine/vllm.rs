@@ -9,7 +9,43 @@
 //! `.npy` (uint8/uint16) or nested lists, shaped `(tokens, layers, top_k)`: the whole sequence
 //! minus the last token (the last sampled token is never forwarded), or only the generated tokens
 //! when the response also carries `prompt_routed_experts` for the prompt.
+//!
+//! Weight reload (the asynchronous loop's policy update) goes through the dev-mode endpoints that
+//! `vllm serve` mounts only with `VLLM_SERVER_DEV_MODE=1`, in this order:
+//!
+//! 1. `POST /pause?mode=wait&wait_for_inflight_requests=true`: the requests in flight (other
+//!    rollout shards on the same server) finish on the old weights, new ones queue until
+//!    `/resume`; answers `{"status": "paused"}`. `mode` replaced the older boolean, which newer
+//!    servers still map to `mode=wait`, and FastAPI ignores an unknown query parameter: `mode`
+//!    alone would abort on an older server (the default), the boolean alone will once it is gone.
+//! 2. `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`: every
+//!    worker runs `reload_weights(weights_path=DIR)`, which points the worker's
+//!    `model_config.model` at DIR and streams its safetensors through the model's own
+//!    `load_weights` in place (same architecture and shapes; config and tokenizer are not
+//!    reloaded). Answers `{"results": [null, ...]}` (one entry per worker), or an empty 200 when
+//!    the engine returned nothing. No `timeout` is sent: loading a large checkpoint takes minutes.
+//! 3. `POST /reset_prefix_cache`: drops KV blocks computed with the old weights so no later
+//!    prompt reuses them; answers an empty 200.
+//! 4. `POST /resume`: answers `{"status": "resumed"}`.
+//!
+//! A 404 means the dev-mode routes are not mounted (or, for `/pause`, a vLLM without them). They
+//! have no authentication, not even with `--api-key` (it guards `/v1` and a few other prefixes),
+//! so keep the port off public networks. When step 2 or 3 fails the server stays paused and the
+//! error says so: the load is not transactional, so serving whatever it now holds would be worse
+//! than stopping. Plain bf16/fp16 checkpoints are the well-trodden path; vLLM tracks reload bugs
+//! in some quantized, MLA and MoE kernels (vllm#48312) and in hybrid Mamba models (vllm#48284).
+//!
+//! Read in vllm-project/vllm (2026 main): `vllm/entrypoints/serve/rpc/api_router.py` (09cb327f1183;
+//! later `serve/dev/rpc/`), `vllm/entrypoints/serve/rlhf/api_router.py` (1ace43ed7b3c; later
+//! `serve/dev/rlhf/`), `vllm/entrypoints/serve/cache/api_router.py` (09cb327f1183),
+//! `vllm/v1/engine/async_llm.py` (`pause_generation`), `vllm/v1/worker/gpu_worker.py`
+//! (`Worker.reload_weights(*args, **kwargs)`), `vllm/v1/worker/gpu_model_runner.py`
+//! (`reload_weights(weights_iterator, weights_path, is_checkpoint_format)`), and the docs
+//! `docs/training/layerwise.md` (115b6d47ad28) and `docs/training/async_rl.md`. Version-dependent:
+//! `/pause` came with vllm#28037 (opened Nov 2025) and `weights_path` with vllm#32133 (opened
+//! Jan 2026); before that `reload_weights()` took no arguments and re-read the startup model.
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -152,6 +188,103 @@ impl VllmBackend {
     }
 }
 
+/// The dev-mode endpoints of a reload, in order (see the module docs).
+const PAUSE: &str = "/pause?mode=wait&wait_for_inflight_requests=true";
+const COLLECTIVE_RPC: &str = "/collective_rpc";
+const RESET_PREFIX_CACHE: &str = "/reset_prefix_cache";
+const RESUME: &str = "/resume";
+
+impl VllmBackend {
+    /// Pauses the server, loads `dir` into every worker, drops the prefix cache and resumes.
+    async fn reload_inner(&self, dir: PathBuf) -> Result<(), EngineError> {
+        // The server resolves a relative path against its own working directory, not ours.
+        let dir = std::path::absolute(&dir).map_err(|e| EngineError::Failed {
+            backend: NAME,
+            msg: format!("reload: cannot make {} absolute: {e}", dir.display()),
+        })?;
+        let Some(weights_path) = dir.to_str() else {
+            return Err(EngineError::Failed {
+                backend: NAME,
+                msg: format!("reload: {} is not UTF-8, which JSON cannot carry", dir.display()),
+            });
+        };
+        self.dev_post(PAUSE, None).await?;
+        let rpc = json!({"method": "reload_weights", "kwargs": {"weights_path": weights_path}});
+        let reloaded = async {
+            let answer = self.dev_post(COLLECTIVE_RPC, Some(&rpc)).await?;
+            check_rpc_answer(&format!("{}{COLLECTIVE_RPC}", self.base), &answer)?;
+            self.dev_post(RESET_PREFIX_CACHE, None).await.map(drop)
+        };
+        reloaded.await.map_err(|e| self.left_paused(e))?;
+        self.dev_post(RESUME, None).await.map(drop)
+    }
+
+    /// POSTs to a dev-mode endpoint (a JSON body or none) and returns the answer's text, which
+    /// some endpoints leave empty.
+    async fn dev_post(&self, path: &str, body: Option<&Value>) -> Result<String, EngineError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.client.post(&url);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let unavailable = |source| EngineError::Unavailable {
+            backend: NAME,
+            url: url.clone(),
+            source,
+        };
+        let resp = req.send().await.map_err(unavailable)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(unavailable)?;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(EngineError::Failed {
+                backend: NAME,
+                msg: format!(
+                    "POST {url} answered 404 Not Found: weight reload needs the dev-mode endpoints \
+                     /pause, /collective_rpc, /reset_prefix_cache and /resume; start `vllm serve` \
+                     with VLLM_SERVER_DEV_MODE=1"
+                ),
+            });
+        }
+        if !status.is_success() {
+            return Err(super::status_error(NAME, &url, status, text));
+        }
+        Ok(text)
+    }
+
+    /// Adds to a failure after the pause that the server is still paused, and how to get on.
+    fn left_paused(&self, e: EngineError) -> EngineError {
+        // The cause's own "vllm: " prefix would repeat this error's.
+        let cause = e.to_string();
+        let cause = cause.strip_prefix(&format!("{NAME}: ")).unwrap_or(&cause);
+        let mut msg = format!(
+            "weight reload failed: {cause}; the server stays paused (POST {}{RESUME} serves whatever \
+             weights it now holds; restarting `vllm serve` is the clean way out)",
+            self.base
+        );
+        if cause.contains("weights_path") {
+            msg.push_str(
+                "; a `reload_weights` without a `weights_path` argument is a vLLM older than \
+                 vllm-project/vllm#32133: upgrade it",
+            );
+        }
+        EngineError::Failed { backend: NAME, msg }
+    }
+}
+
+/// `/collective_rpc` answers `{"results": [...]}`, one entry per worker, or an empty 200 when the
+/// engine returned nothing.
+fn check_rpc_answer(url: &str, answer: &str) -> Result<(), EngineError> {
+    if answer.trim().is_empty() {
+        return Ok(());
+    }
+    let v: Value =
+        serde_json::from_str(answer).map_err(|e| bad(url, &format!("reload_weights: not JSON: {e}")))?;
+    if !v["results"].is_array() {
+        return Err(bad(url, &format!("reload_weights: no `results` list in {v}")));
+    }
+    Ok(())
+}
+
 fn bad(url: &str, msg: &str) -> EngineError {
     EngineError::BadResponse {
         backend: NAME,
@@ -277,17 +410,7 @@ impl Backend for VllmBackend {
         self.generate_inner(req).boxed()
     }
 
-    fn reload(&self, _checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<(), EngineError>> {
-        // vLLM has no stable public endpoint that loads weights from a directory; its dev-mode
-        // RPC surface changes between releases. Restart the server on the new checkpoint.
-        async {
-            Err(EngineError::ReloadUnsupported {
-                backend: NAME,
-                msg:
-                    "restart `vllm serve` on the new checkpoint (or follow with SGLang / the embedded engine)"
-                        .into(),
-            })
-        }
-        .boxed()
+    fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<(), EngineError>> {
+        self.reload_inner(checkpoint_dir.to_path_buf()).boxed()
     }
 }
