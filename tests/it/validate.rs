@@ -19,6 +19,18 @@ fn gate<'a>(v: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("gate {name} in {v}"))
 }
 
+/// `validate --no-report --json DIR` (plus `extra`): its exit code and its JSON.
+fn validate_json(dir: &std::path::Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let out = lego()
+        .args(["validate", "--no-report", "--json"])
+        .args(extra)
+        .arg(dir)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    (out.status.code(), v)
+}
+
 #[test]
 fn healthy_run_passes_and_appends_a_report() {
     let dir = tempfile::tempdir().unwrap();
@@ -69,13 +81,8 @@ fn failing_gates_exit_1_and_can_be_configured() {
             ..Default::default()
         },
     );
-    let out = lego()
-        .args(["validate", "--no-report", "--json"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, v) = validate_json(dir.path(), &[]);
+    assert_eq!(code, Some(1), "{v}");
     let p = gate(&v, "logprob_pearson");
     assert_eq!(p["value"], 0.95);
     assert_eq!(p["passed"], false);
@@ -145,13 +152,8 @@ fn all_steps_catches_an_earlier_bad_step() {
         },
     );
     // 6 of 16 trajectories per step fail for infra reasons: 0.375.
-    let out = lego()
-        .args(["validate", "--no-report", "--json", "--all-steps"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, v) = validate_json(dir.path(), &["--all-steps"]);
+    assert_eq!(code, Some(1), "{v}");
     assert_eq!(gate(&v, "infra_failure_rate")["value"], 0.375);
 }
 
@@ -301,13 +303,8 @@ fn heldout_reward_collapse_fails_the_run() {
         w.write_all(&eval(version, solved)).unwrap();
         w.finish().unwrap();
     }
-    let out = lego()
-        .args(["validate", "--no-report", "--json"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, v) = validate_json(dir.path(), &[]);
+    assert_eq!(code, Some(1), "{v}");
     let g = gate(&v, "heldout_reward_drop");
     assert_eq!(g["passed"], false, "{g}");
     assert_eq!(g["detail"], "eval 0: 0.400 (n=40) -> eval 2: 0.050 (n=40)");
