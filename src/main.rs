@@ -12,9 +12,9 @@ fn main() -> ExitCode {
         Ok(code) => code.into(),
         Err(err) if lego_rl::cmd::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("lego-rl: error: {err:#}");
+            lego_rl::stderr_line!("lego-rl: error: {err:#}");
             if let Some(hint) = lego_rl::cmd::hint(&err) {
-                eprintln!("hint: {hint}");
+                lego_rl::stderr_line!("hint: {hint}");
             }
             ExitCode::from(2)
         }

@@ -8,6 +8,17 @@ use tracing_subscriber::EnvFilter;
 use crate::cli::GlobalArgs;
 use crate::env;
 
+/// `eprintln!` that ignores a failed write. With stderr gone (the read end of a pipe closed: a
+/// killed parent, an orphaned process) `eprintln!` panics, and a panic on the main thread turns a
+/// clean exit (0, 1, 2 or 130) into 101; in the interrupt sweep's task it left the process hanging.
+#[macro_export]
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Installs the tracing subscriber: `-q` error, default warn, `-v` info, `-vv` debug, `-vvv`
 /// trace; `RUST_LOG` or `LEGO_RL_LOG` override.
 pub fn init_logging(global: &GlobalArgs) {
@@ -29,6 +40,9 @@ pub fn init_logging(global: &GlobalArgs) {
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .with_target(false)
+        // By default a failed write is reported with `eprintln!`, which panics when stderr is
+        // gone (see `stderr_line!`): a log line must never decide the exit code.
+        .log_internal_errors(false)
         .try_init();
 }
 

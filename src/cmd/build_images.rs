@@ -120,7 +120,7 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     out.finish()?;
     let failed: Vec<&ImageRecord> = records.iter().filter(|r| r.error.is_some()).collect();
     let hits = records.iter().filter(|r| r.cache_hit).count();
-    eprintln!(
+    crate::stderr_line!(
         "build-images: {} tasks, {} built, {} cached, {} failed",
         records.len(),
         records.len() - hits - failed.len(),
@@ -128,7 +128,7 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
         failed.len()
     );
     for r in &failed {
-        eprintln!("  failed: {}: {}", r.task_id, r.error.as_deref().unwrap_or(""));
+        crate::stderr_line!("  failed: {}: {}", r.task_id, r.error.as_deref().unwrap_or(""));
     }
     Ok(if failed.is_empty() && runtimes_ok {
         Outcome::Ok
@@ -148,14 +148,14 @@ fn build_runtimes(
     let results = rt.block_on(async {
         let engine = Engine::connect().await?;
         let report = |h: &Harness, r: &Result<RuntimeVolume, SandboxError>| match r {
-            Ok(v) => eprintln!(
+            Ok(v) => crate::stderr_line!(
                 "runtime {}: volume {} ({}, {:.1}s)",
                 h.config.name,
                 v.name,
                 if v.cache_hit { "cached" } else { "built" },
                 v.seconds
             ),
-            Err(e) => eprintln!("runtime {}: failed: {e}", h.config.name),
+            Err(e) => crate::stderr_line!("runtime {}: failed: {e}", h.config.name),
         };
         anyhow::Ok(ensure_runtimes(&engine, harnesses, base_image, &cache, &report).await)
     })?;

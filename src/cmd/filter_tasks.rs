@@ -292,7 +292,7 @@ pub fn run(args: FilterTasksArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     let table = summary.funnel.to_table();
     if is_stdio(&settings.output) && !settings.dry_run {
         if !global.quiet {
-            eprint!("{table}");
+            let _ = std::io::stderr().write_all(table.as_bytes());
         }
     } else {
         let mut out = std::io::stdout().lock();

@@ -177,7 +177,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         .block_on(crate::rollout::run(&cfg))
         .with_context(|| format!("rollout into {}", args.output.display()))?;
     let mean = s.reward_mean.map_or("-".to_string(), |m| format!("{m:.3}"));
-    eprintln!(
+    crate::stderr_line!(
         "rollout: {} trajectories in {} groups written ({} already there), {} infra failures{}, reward mean {mean}{}{}",
         s.written,
         s.groups,

@@ -50,3 +50,72 @@ fn usage_errors_exit_2() {
     let out = lego().args(["no-such-command"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A pipe whose read end is already closed: every write to it fails (EPIPE), as stderr does for a
+/// process whose parent died.
+fn closed_pipe() -> std::process::Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills both descriptors; each is owned exactly once below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fresh descriptors from pipe(2), not owned elsewhere.
+    drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fds[0]) });
+    std::process::Stdio::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(fds[1]) })
+}
+
+/// With stderr gone, exit codes stay what they would be: a warning logged on the main thread
+/// (align skipping a bad record, exit 0) and the final error line (exit 2) used to panic in
+/// `eprintln!` and exit 101.
+#[test]
+fn exit_codes_do_not_depend_on_stderr_being_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("traj.jsonl");
+    let s = crate::synth::Synth::default();
+    let mut text = String::new();
+    for i in 0..2 {
+        let t = crate::synth::trajectory(&s, 0, 1, i, i as usize);
+        text.push_str(&serde_json::to_string(&t).unwrap());
+        text.push('\n');
+    }
+    text.push_str("not json\n");
+    std::fs::write(&input, text).unwrap();
+    let out = dir.path().join("samples.jsonl.zst");
+    // std's Command: assert_cmd's cannot redirect stderr.
+    let bin = || {
+        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("lego-rl"));
+        c.env("LEGO_RL_NO_PROGRESS", "1").env_remove("RUST_LOG");
+        c
+    };
+    let align = |stderr: std::process::Stdio| {
+        bin()
+            .args(["align", "-i"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&out)
+            .stderr(stderr)
+            .status()
+            .unwrap()
+            .code()
+    };
+    let warned = lego()
+        .args(["align", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(warned.status.code(), Some(0), "{warned:?}");
+    assert!(
+        String::from_utf8_lossy(&warned.stderr).contains("skipped 1 bad record"),
+        "{warned:?}"
+    );
+    assert_eq!(align(closed_pipe()), Some(0));
+    assert!(out.exists());
+    let missing = bin()
+        .args(["align", "-i", "/nonexistent/traj.jsonl", "-o"])
+        .arg(dir.path().join("x.jsonl.zst"))
+        .stderr(closed_pipe())
+        .status()
+        .unwrap();
+    assert_eq!(missing.code(), Some(2));
+}

@@ -729,13 +729,9 @@ pub fn install_signal_sweep(engine: Engine, run_id: String) {
         // first listing (seen with 4 trials in set-up at once): sweep again once they are in.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         n += engine.sweep(Some(&run_id)).await.unwrap_or(0);
-        // Not eprintln!: with stderr gone (a killed parent's pipe) it panics, the panic ends only
-        // this task, and the process would hang interrupted instead of exiting.
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "lego-rl: interrupted; removed {n} sandbox objects of run {run_id}"
-        );
+        // Not eprintln!: with stderr gone it panics, the panic ends only this task, and the
+        // process would hang interrupted instead of exiting.
+        crate::stderr_line!("lego-rl: interrupted; removed {n} sandbox objects of run {run_id}");
         std::process::exit(130);
     });
 }
