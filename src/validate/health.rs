@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use super::run::{for_each_trajectory, read_files, read_plain, RunError, RunFiles};
+use super::run::{for_each_trajectory, for_each_trajectory_in, read_files, read_plain, RunError, RunFiles};
 use crate::io::ReadOptions;
 use crate::records::{AlignStats, Sample, StepMetrics, Trajectory};
 
@@ -289,21 +289,16 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     }
     // Held-out evaluations: only their rewards (they are not training data, so the per-step
     // checks above do not apply to them).
-    for (step, path) in &files.eval {
-        let mut reader = crate::io::open_records::<Trajectory>(path, opts)?;
-        for t in reader.by_ref() {
-            let t = t?;
-            let e = h.eval.entry(step.unwrap_or(t.policy_version)).or_default();
-            if let (false, Some(r)) = (t.is_infra_failure(), t.reward) {
-                e.add(RewardSum {
-                    n: 1,
-                    sum: r,
-                    sq_sum: r * r,
-                });
-            }
+    for_each_trajectory_in(&files.eval, opts, |step, _, t| {
+        let e = h.eval.entry(step).or_default();
+        if let (false, Some(r)) = (t.is_infra_failure(), t.reward) {
+            e.add(RewardSum {
+                n: 1,
+                sum: r,
+                sq_sum: r * r,
+            });
         }
-        reader.warn_skipped();
-    }
+    })?;
     h.metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
     h.problems = problems;
     Ok(h)

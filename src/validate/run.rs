@@ -155,9 +155,18 @@ impl RunFiles {
 pub fn for_each_trajectory(
     files: &RunFiles,
     opts: ReadOptions,
+    f: impl FnMut(u64, &Path, Trajectory),
+) -> Result<(), RunError> {
+    for_each_trajectory_in(&files.trajectories, opts, f)
+}
+
+/// [`for_each_trajectory`] over any list of trajectory files (e.g. [`RunFiles::eval`]).
+pub fn for_each_trajectory_in(
+    paths: &[(Option<u64>, PathBuf)],
+    opts: ReadOptions,
     mut f: impl FnMut(u64, &Path, Trajectory),
 ) -> Result<(), RunError> {
-    for (step, path) in &files.trajectories {
+    for (step, path) in paths {
         let mut reader = open_records::<Trajectory>(path, opts)?;
         for t in reader.by_ref() {
             let t = t?;
