@@ -20,7 +20,8 @@ pub(crate) fn weight(p: &nn::Path, out: i64, inp: i64) -> Tensor {
 
 /// `x @ w.T` for a `[out, in]` weight.
 pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Tensor {
-    x.matmul(&w.tr())
+    // `at::linear` is `matmul(x, w.t())` for a bias-less weight: one call instead of two.
+    x.linear(w, None::<Tensor>)
 }
 
 /// Root-mean-square norm with a learned scale; the statistics are computed in fp32 (as
@@ -56,23 +57,46 @@ impl RmsNorm {
     }
 }
 
-/// RoPE tables for given positions: `(cos, sin)`, each `[T, head_dim]`, in `kind`. `sin` carries
-/// the sign of transformers' `rotate_half` (its first half negated), so [`apply_rope`] needs one
-/// `roll` instead of two slices, a negation and a concatenation — the same products.
-pub fn rope_tables(cfg: &Config, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
-    let dev = positions.device();
-    let dim = cfg.head_dim;
-    let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, dev)).to_kind(Kind::Float) / dim as f64;
-    let inv_freq = Tensor::pow_scalar(cfg.rope_theta, &exponent).reciprocal();
-    let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq.unsqueeze(0);
-    let (cos, sin) = (freqs.cos(), freqs.sin());
-    (
-        Tensor::cat(&[&cos, &cos], -1).to_kind(kind),
-        Tensor::cat(&[&sin.neg(), &sin], -1).to_kind(kind),
-    )
+/// RoPE's per-dimension frequencies, computed once per model (they depend on the config only):
+/// recomputing them from an `arange` at every forward was a dozen tiny ops per decode step.
+#[derive(Debug)]
+pub struct Rope {
+    /// `[head_dim]`: transformers' `inv_freq` (`1 / theta^(2i/D)`) twice, `[f, f]`.
+    inv_freq2: Tensor,
+    /// `[head_dim]`: -1 on the first half, +1 on the second (the sign of `rotate_half`).
+    sign: Tensor,
 }
 
-/// Applies RoPE to `[heads, T, D]` with [`rope_tables`]: `x·cos + rotate_half(x)·sin`, where
+impl Rope {
+    pub fn new(cfg: &Config, device: tch::Device) -> Self {
+        let dim = cfg.head_dim;
+        let exponent =
+            Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
+        let inv_freq = Tensor::pow_scalar(cfg.rope_theta, &exponent).reciprocal();
+        let ones = Tensor::ones([dim / 2], (Kind::Float, device));
+        Rope {
+            inv_freq2: Tensor::cat(&[&inv_freq, &inv_freq], 0),
+            sign: Tensor::cat(&[&ones.neg(), &ones], 0),
+        }
+    }
+
+    /// RoPE tables for given positions: `(cos, sin)`, each `[T, head_dim]`, in `kind`. `sin`
+    /// carries the sign of transformers' `rotate_half` (its first half negated), so
+    /// [`apply_rope`] needs one `roll` instead of two slices, a negation and a concatenation —
+    /// the same products. Elementwise the same values as transformers' `cat(freqs, freqs)`
+    /// tables (`cos(cat(f, f)) = cat(cos f, cos f)`, and a product by ±1 is exact).
+    pub fn tables(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq2;
+        let (cos, sin) = (freqs.cos(), freqs.sin() * &self.sign);
+        if kind == Kind::Float {
+            (cos, sin)
+        } else {
+            (cos.to_kind(kind), sin.to_kind(kind))
+        }
+    }
+}
+
+/// Applies RoPE to `[heads, T, D]` with [`Rope::tables`]: `x·cos + rotate_half(x)·sin`, where
 /// `rotate_half(x) = [-x2, x1]` is `roll(x, D/2)` times the signs folded into `sin`.
 fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let half = x.size().last().copied().unwrap_or(0) / 2;
@@ -260,23 +284,18 @@ impl Attention {
             }
             *slot = Some((k.shallow_clone(), v.shallow_clone()));
         }
-        let rep = h / kvh;
-        let (k, v) = if rep > 1 {
-            (
-                k.repeat_interleave_self_int(rep, 0, None),
-                v.repeat_interleave_self_int(rep, 0, None),
-            )
-        } else {
-            (k, v)
-        };
+        // Grouped-query attention without copying: sdpa's `enable_gqa` lets each group of
+        // `heads / kv_heads` query heads read one key/value head (transformers'
+        // `repeat_kv` made the copies explicit; the products are the same).
+        let gqa = h != kvh;
         let (q, k, v) = (q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
         let scale = (d as f64).powf(-0.5);
         let out = match mask {
             AttnMask::Causal if past == 0 => {
-                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, scale, false)
+                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, scale, gqa)
             }
             AttnMask::Causal if t == 1 => {
-                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, false, scale, false)
+                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, false, scale, gqa)
             }
             AttnMask::Causal => {
                 // Continuing a cache: query i (absolute past+i) sees keys 0..=past+i.
@@ -284,10 +303,10 @@ impl Attention {
                 let qpos = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(1) + past;
                 let kpos = Tensor::arange(past + t, (Kind::Int64, dev)).unsqueeze(0);
                 let m = kpos.le_tensor(&qpos);
-                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, scale, false)
+                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, scale, gqa)
             }
             AttnMask::Packed(m) => {
-                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*m), 0.0, false, scale, false)
+                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*m), 0.0, false, scale, gqa)
             }
         };
         out.squeeze_dim(0).transpose(0, 1).reshape([t, h * d])

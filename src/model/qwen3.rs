@@ -11,7 +11,7 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::layers::{rope_tables, Attention, AttnMask, KvCache, Mlp, RmsNorm, INIT_STD};
+use super::layers::{Attention, AttnMask, KvCache, Mlp, RmsNorm, Rope, INIT_STD};
 use super::moe::{MoeRouting, SparseMoe};
 use super::Config;
 
@@ -129,6 +129,7 @@ pub struct CausalLm {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Option<Tensor>,
+    rope: Rope,
 }
 
 impl CausalLm {
@@ -149,6 +150,7 @@ impl CausalLm {
             layers,
             norm: RmsNorm::new(&(&m / "norm"), cfg.hidden_size, cfg.rms_norm_eps),
             lm_head,
+            rope: Rope::new(cfg, p.device()),
         }
     }
 
@@ -214,7 +216,7 @@ impl CausalLm {
         mut attend: impl FnMut(usize, &Attention, &Tensor, &Tensor, &Tensor) -> Tensor,
     ) -> ForwardOutput {
         let mut x = Tensor::embedding(&self.embed_tokens, tokens, -1, false, false);
-        let (cos, sin) = rope_tables(&self.cfg, positions, x.kind());
+        let (cos, sin) = self.rope.tables(positions, x.kind());
         let mut used = Vec::new();
         let mut own = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -247,7 +249,7 @@ impl CausalLm {
         let (cos, sin, inputs, last) = {
             let _g = tch::no_grad_guard();
             let mut x = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
-            let (cos, sin) = rope_tables(&self.cfg, input.positions, x.kind());
+            let (cos, sin) = self.rope.tables(input.positions, x.kind());
             let mut inputs = Vec::with_capacity(self.layers.len());
             let mut moe = 0;
             for layer in &self.layers {
