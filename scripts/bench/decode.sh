@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Decode benchmark (issue 4): the embedded engine on the tiny Qwen3-MoE (CPU, fp32) vs transformers
 # `generate()` on the same checkpoint, same prompt ids, same number of new tokens, greedy, same
-# number of torch threads, same run. The engine is driven directly through the Backend trait
-# (scripts/bench/decode_bench.rs: one request at a time, no HTTP); transformers through
+# number of torch threads, same run. Also the LM head's matmul alone (memory-bound, the same work on
+# both sides) and the ratio it bounds: transformers' step / head time. The engine is driven
+# directly through the Backend trait (scripts/bench/decode_bench.rs: one request at a time, no
+# HTTP); transformers through
 # model.generate with its KV cache (scripts/bench/decode_reference.py). Both time whole generations
 # (prefill + NEW_TOKENS decode steps) after a warm-up. Prints tokens/s of both, the ratio (goal:
 # engine >= 2x transformers), and how many of the greedy tokens agree (same work done).
@@ -42,13 +44,16 @@ engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" 
 hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp")
 echo "$engine" | grep -v '^engine_ids='
 echo "$hf" | grep -v '^hf_ids='
-eval "$(echo "$engine" | grep -E '^(engine_(tok_per_s|ids)|concurrent_[a-z_]+)=')"
+eval "$(echo "$engine" | grep -E '^(engine_(tok_per_s|ids)|head_ms_per_token|concurrent_[a-z_]+)=')"
 eval "$(echo "$hf" | grep -E '^hf_(tok_per_s|ids)=')"
 same=$(awk -v a="$engine_ids" -v b="$hf_ids" 'BEGIN { n = split(a, x, ","); split(b, y, ","); for (i = 1; i <= n && x[i] == y[i]; i++); print i - 1 }')
 mode=greedy
 [ "$temp" = 0 ] || mode="sampled T=$temp"
 awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" -v m="$mode" 'BEGIN {
   printf "decode tiny-qwen3-moe CPU fp32 %s, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); tokens equal for the first %d of %d\n", m, p, n, t, e, h, e / h, s, n }'
+awk -v hm="$head_ms_per_token" -v h="$hf_tok_per_s" -v e="$engine_tok_per_s" 'BEGIN {
+  hs = 1000 / h; es = 1000 / e
+  printf "LM head matmul alone (the same work on both sides): %.2f ms/token = %.0f%% of the engine step (%.2f ms), %.0f%% of transformers'"'"' (%.2f ms); bound: an engine with every other op free would be %.2fx transformers here\n", hm, 100 * hm / es, es, 100 * hm / hs, hs, hs / hm }'
 awk -v l="$concurrent_levels" -v b="$concurrent_batched_tok_per_s" -v i="$concurrent_interleaved_tok_per_s" -v q="$concurrent_equal_tokens" -v n="$new" -v t="$threads" -v m="$mode" 'BEGIN {
   k = split(l, lv, ","); split(b, bv, ","); split(i, iv, ","); split(q, qv, ",")
   for (j = 1; j <= k; j++)

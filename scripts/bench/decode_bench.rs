@@ -71,6 +71,12 @@ async fn main() -> anyhow::Result<()> {
     let ids: Vec<String> = first.output_ids.iter().map(u32::to_string).collect();
     println!("engine_ids={}", ids.join(","));
 
+    // The LM head alone: one `[1, hidden] x [hidden, vocab]` matmul per token, the same work on
+    // both sides (memory-bound: the fp32 head is read whole for every token). Its time bounds the
+    // ratio: an engine whose every other op took no time would still be at most
+    // transformers' step / head.
+    println!("head_ms_per_token={:.4}", head_ms_per_token(ckpt, 256)?);
+
     let interleaved = EmbeddedBackend::start_with_decode_batch(ckpt, tch::Device::Cpu, 1)?;
     let levels = [1usize, 4, 8];
     let (mut batched_rates, mut interleaved_rates, mut equal_tokens) = (Vec::new(), Vec::new(), Vec::new());
@@ -131,4 +137,28 @@ async fn concurrent(
         tokens as f64 / best,
         first.into_iter().map(|o| o.output_ids).collect(),
     ))
+}
+
+/// Milliseconds of the LM head's matmul for one token (mean of `iters` after a warm-up), with the
+/// checkpoint's own head weight (`lm_head.weight`, or the tied embedding).
+fn head_ms_per_token(ckpt: &Path, iters: usize) -> anyhow::Result<f64> {
+    let _g = tch::no_grad_guard();
+    let tensors = tch::Tensor::read_safetensors(ckpt.join("model.safetensors"))?;
+    let find = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+    let w = find("lm_head.weight")
+        .or_else(|| find("model.embed_tokens.weight"))
+        .ok_or_else(|| anyhow::anyhow!("no lm_head.weight or model.embed_tokens.weight"))?
+        .to_kind(tch::Kind::Float);
+    let x = tch::Tensor::randn([1, w.size()[1]], (tch::Kind::Float, tch::Device::Cpu));
+    let mut sink = 0.0;
+    for _ in 0..8 {
+        sink += x.linear(&w, None::<tch::Tensor>).double_value(&[0, 0]);
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        sink += x.linear(&w, None::<tch::Tensor>).double_value(&[0, 0]);
+    }
+    let ms = t.elapsed().as_secs_f64() * 1000.0 / iters as f64;
+    std::hint::black_box(sink);
+    Ok(ms)
 }
