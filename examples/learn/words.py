@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Which word the policy wrote, per task word, in each held-out evaluation of a learn run.
+
+    examples/learn/words.py RUN [VERSION ...]     # default: every eval/step-*.jsonl.zst of RUN
+
+For each evaluation file it decodes every sample's output tokens with the run's own tokenizer
+(RUN/model/tokenizer.json), takes the last `echo WORD > /app/answer.txt` in it (the word the
+verifier reads), and prints, per task word (from the task id `echo-WORD-pNN`), how many samples
+wrote each word, how many wrote none (no parsable command), and how many were rewarded. This is the
+table behind "learned, by narrowing" in README.md: a rising reward can come from writing one word
+for every task, which this separates from copying the task's word.
+"""
+import json
+import pathlib
+import re
+import sys
+from collections import Counter, defaultdict
+
+import tokenizers
+import zstandard
+
+WORDS = ("blue", "green", "red")
+WRITE = re.compile(r"echo\s+(\w+)\s*>\s*/app/answer\.txt")
+
+
+def records(path):
+    with open(path, "rb") as f:
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        for line in reader.read().decode().splitlines():
+            if line.strip():
+                yield json.loads(line)
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    run = pathlib.Path(sys.argv[1])
+    tok = tokenizers.Tokenizer.from_file(str(run / "model" / "tokenizer.json"))
+    wanted = {int(v) for v in sys.argv[2:]}
+    files = sorted((run / "eval").glob("step-*.jsonl.zst"))
+    files = [f for f in files if not wanted or int(f.name[5:11]) in wanted]
+    if not files:
+        sys.exit(f"{run}/eval: no evaluation files")
+    print("| version | task word | " + " / ".join(WORDS) + " / none | rewarded |")
+    print("|---|---|---|---|")
+    for f in files:
+        written = defaultdict(Counter)
+        rewarded = Counter()
+        for r in records(f):
+            word = r["task_id"].split("-")[1]
+            text = "".join(tok.decode(g["output_ids"], skip_special_tokens=False) for g in r["generations"])
+            found = WRITE.findall(text)
+            written[word][found[-1] if found and found[-1] in WORDS else "none"] += 1
+            rewarded[word] += r.get("reward") == 1.0
+        version = int(f.name[5:11])
+        for word in sorted(written):
+            c = written[word]
+            n = sum(c.values())
+            counts = " / ".join(str(c[w]) for w in (*WORDS, "none"))
+            print(f"| {version} | {word} | {counts} | {rewarded[word]}/{n} |")
+
+
+if __name__ == "__main__":
+    main()
