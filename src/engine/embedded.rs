@@ -568,11 +568,11 @@ fn is_greedy(req: &GenerateRequest) -> bool {
 /// Greedy, or top-k / top-p sampling over the sorted candidates (plain temperature sampling is
 /// [`sample_probs`]).
 fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
-    let s = &req.sampling;
-    let temperature = s.temperature.unwrap_or(1.0) as f32;
-    if temperature <= 1e-6 {
+    if is_greedy(req) {
         return argmax(logp);
     }
+    let s = &req.sampling;
+    let temperature = s.temperature.unwrap_or(1.0) as f32;
     let top_k = s.top_k.filter(|&k| k > 0).map(|k| k as usize);
     let mut cand: Vec<(u32, f32)> = logp
         .iter()
