@@ -10,25 +10,17 @@ wrote each word, how many wrote none (no parsable command), and how many were re
 table behind "learned, by narrowing" in README.md: a rising reward can come from writing one word
 for every task, which this separates from copying the task's word.
 """
-import json
 import pathlib
 import re
 import sys
 from collections import Counter, defaultdict
 
 import tokenizers
-import zstandard
+
+from evalfiles import records
 
 WORDS = ("blue", "green", "red")
 WRITE = re.compile(r"echo\s+(\w+)\s*>\s*/app/answer\.txt")
-
-
-def records(path):
-    with open(path, "rb") as f:
-        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-        for line in reader.read().decode().splitlines():
-            if line.strip():
-                yield json.loads(line)
 
 
 def main():
