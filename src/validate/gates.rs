@@ -268,7 +268,7 @@ fn run_level(name: &str, h: &Health) -> Option<(f64, String)> {
             let steps: Vec<(u64, RewardSum)> = h
                 .steps
                 .iter()
-                .map(|(k, s)| (*k, s.rewards()))
+                .map(|(k, s)| (*k, s.rewards))
                 .filter(|(_, r)| r.n > 0)
                 .collect();
             if steps.len() < 2 * REWARD_WINDOW {
@@ -513,9 +513,7 @@ mod tests {
                 StepHealth {
                     step: i as u64,
                     trajectories: per_step,
-                    graded: r.n,
-                    reward_sum: r.sum,
-                    reward_sq_sum: r.sq_sum,
+                    rewards: r,
                     ..Default::default()
                 },
             );

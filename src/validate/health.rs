@@ -21,11 +21,9 @@ pub struct StepHealth {
     pub step: u64,
     pub trajectories: u64,
     pub infra_failures: u64,
-    /// Graded (reward not null, not infra) trajectories and their reward sum.
-    pub graded: u64,
-    pub reward_sum: f64,
-    /// Sum of squared rewards (a variance for the reward-drop gates).
-    pub reward_sq_sum: f64,
+    /// Rewards of the graded (reward not null, not infra) trajectories: their count, sum and sum
+    /// of squares (a variance for the reward-drop gates).
+    pub rewards: RewardSum,
     /// Trajectories with at least one audit event of each kind.
     pub audit: BTreeMap<String, u64>,
     /// Groups with at least one graded member, and those whose graded rewards are all equal.
@@ -41,7 +39,7 @@ pub struct StepHealth {
 impl StepHealth {
     /// Mean reward over graded trajectories.
     pub fn reward_mean(&self) -> Option<f64> {
-        (self.graded > 0).then(|| self.reward_sum / self.graded as f64)
+        self.rewards.mean()
     }
     /// Infra failures over trajectories.
     pub fn infra_rate(&self) -> Option<f64> {
@@ -72,6 +70,12 @@ pub struct RewardSum {
 }
 
 impl RewardSum {
+    /// Adds one reward.
+    pub fn push(&mut self, r: f64) {
+        self.n += 1;
+        self.sum += r;
+        self.sq_sum += r * r;
+    }
     pub fn add(&mut self, other: RewardSum) {
         self.n += other.n;
         self.sum += other.sum;
@@ -85,17 +89,6 @@ impl RewardSum {
         let m = self.mean()?;
         let var = (self.sq_sum / self.n as f64 - m * m).max(0.0);
         Some(var / self.n as f64)
-    }
-}
-
-impl StepHealth {
-    /// This step's graded rewards.
-    pub fn rewards(&self) -> RewardSum {
-        RewardSum {
-            n: self.graded,
-            sum: self.reward_sum,
-            sq_sum: self.reward_sq_sum,
-        }
     }
 }
 
@@ -161,9 +154,7 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
         let g = groups.entry((step, t.task_id.clone(), t.group_id)).or_default();
         g.0 += 1;
         if let (true, Some(r)) = (graded, t.reward) {
-            s.graded += 1;
-            s.reward_sum += r;
-            s.reward_sq_sum += r * r;
+            s.rewards.push(r);
             g.1.push(r);
         }
         let kinds: HashSet<&str> = t.audit.iter().map(|a| a.kind.as_str()).collect();
@@ -292,11 +283,7 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     for_each_trajectory_in(&files.eval, opts, |step, _, t| {
         let e = h.eval.entry(step).or_default();
         if let (false, Some(r)) = (t.is_infra_failure(), t.reward) {
-            e.add(RewardSum {
-                n: 1,
-                sum: r,
-                sq_sum: r * r,
-            });
+            e.push(r);
         }
     })?;
     h.metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
