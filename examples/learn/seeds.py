@@ -25,19 +25,13 @@ import math
 import pathlib
 import sys
 
-from evalfiles import records
+from evalfiles import graded, records
 
 
 def tally(path):
     """(rewarded, graded) over the graded, non-infra trajectories of one evaluation file."""
-    rewarded = graded = 0
-    for r in records(path):
-        infra = r.get("infra_failure") or str(r.get("termination", "")).startswith("infra")
-        if infra or r.get("reward") is None:
-            continue
-        graded += 1
-        rewarded += r["reward"] == 1.0
-    return rewarded, graded
+    rs = [r["reward"] for r in records(path) if graded(r)]
+    return sum(r == 1.0 for r in rs), len(rs)
 
 
 def diff(a, b):

@@ -9,6 +9,7 @@ mod engine;
 mod filter_tasks;
 mod harnesses;
 mod io;
+mod learn_scripts;
 mod model;
 mod pipeline;
 mod proxy;
