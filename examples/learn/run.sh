@@ -34,6 +34,8 @@
 #   LEGO_RL_EVAL_SAMPLES_ENDS  ... at the warm start's and the final evaluation, the two the proof
 #                        compares [4: 96 samples each, a standard error of ~0.05]
 #   LEGO_RL_EVAL_TEMP    held-out sampling temperature [1.0: the policy GSPO trains]
+#   LEGO_RL_TOP_P        nucleus sampling (rollout --top-p) of the GSPO batches and the held-out
+#                        evaluations [1: off]. Log-probs stay those of the untruncated policy.
 #   LEGO_RL_JOBS         simultaneous trials [4]
 #   LEGO_RL_SKIP_SETUP   set: do not run scripts/setup.sh first
 #   LEGO_RL_BIN          the lego-rl binary [target/release/lego-rl]
@@ -58,6 +60,7 @@ eval_every=${LEGO_RL_EVAL_EVERY:-5}
 eval_samples=${LEGO_RL_EVAL_SAMPLES:-1}
 eval_samples_ends=${LEGO_RL_EVAL_SAMPLES_ENDS:-4}
 eval_temp=${LEGO_RL_EVAL_TEMP:-1.0}
+top_p=${LEGO_RL_TOP_P:-1}
 jobs=${LEGO_RL_JOBS:-4}
 harness="$here/mini-swe-agent-short.toml"
 say() { printf 'learn: %s\n' "$*" >&2; }
@@ -133,8 +136,8 @@ v0=$(cat "$ws/version")
 evaluate() {
   local v=$1 k=$2 out="$run/eval/$(name "$1").jsonl.zst"
   [ -f "$out.done" ] && return 0
-  say "eval: held-out tasks × $k with $(name "$v") (T=$eval_temp)"
-  "$lego" -q rollout -i "$run/tasks.heldout.jsonl.zst" "${common[@]}" --mode eval --temperature "$eval_temp" \
+  say "eval: held-out tasks × $k with $(name "$v") (T=$eval_temp, top-p $top_p)"
+  "$lego" -q rollout -i "$run/tasks.heldout.jsonl.zst" "${common[@]}" --mode eval --temperature "$eval_temp" --top-p "$top_p" \
     --backend "embedded:$run/checkpoints/$(name "$v")" --group-size "$k" --first-group "$v" \
     -o "$out" 2>>"$run/logs/rollout.log"
   touch "$out.done"
@@ -149,11 +152,11 @@ for ((s = 0; s < steps; s++)); do
   if [ ! -f "$traj.done" ]; then
     zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
       for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$run/logs/tasks-$n.jsonl.zst"
-    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0) with $n"
+    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0, top-p $top_p) with $n"
     # One rollout for all tasks of the step (the trainer's groups are (task, group id), so the
     # tasks sharing group id v stay separate groups); a rerun after a crash skips the groups
     # already in the file.
-    "$lego" -q rollout -i "$run/logs/tasks-$n.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" \
+    "$lego" -q rollout -i "$run/logs/tasks-$n.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" --top-p "$top_p" \
       --group-size "$group" --first-group "$v" -o "$traj" 2>>"$run/logs/rollout.log"
     touch "$traj.done"
   fi
