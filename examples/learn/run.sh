@@ -27,6 +27,8 @@
 #   LEGO_RL_WARMUP       GSPO learning-rate warmup, in optimizer updates (train-step --warmup-steps),
 #                        counted from the warm start's fresh optimizer [5]: without it a fresh
 #                        Adam's first full-size updates broke seed 2's warm start (README, run 8)
+#   LEGO_RL_FREEZE       GSPO train-step --freeze REGEX: parameters the GSPO steps leave as the warm
+#                        start has them, e.g. embed_tokens [none]
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
@@ -54,6 +56,8 @@ sft_lr=${LEGO_RL_SFT_LR:-3e-3}
 lr=${LEGO_RL_LR:-1e-3}
 updates=${LEGO_RL_UPDATES:-1}
 warmup=${LEGO_RL_WARMUP:-5}
+freeze=()
+[ -z "${LEGO_RL_FREEZE:-}" ] || freeze=(--freeze "$LEGO_RL_FREEZE")
 group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-3}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
@@ -163,7 +167,7 @@ for ((s = 0; s < steps; s++)); do
   "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"
   rm -rf "$run/checkpoints/$next"
   "$lego" -q train-step --loss gspo --lr "$lr" --warmup-steps "$warmup" --updates "$updates" --seed "$seed" \
-    --checkpoint "$run/checkpoints/$n" \
+    "${freeze[@]}" --checkpoint "$run/checkpoints/$n" \
     -i "$run/samples/$n.jsonl.zst" --out "$run/checkpoints/$next" --metrics "$run/metrics.jsonl.zst"
   # Only the newest checkpoint's optimizer state is needed to go on; keep the weights of all.
   if [ "$s" -gt 0 ]; then rm -f "$run/checkpoints/$n/optimizer.safetensors"; fi

@@ -164,6 +164,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l micro-bat
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l logprob-chunk -d 'Positions per chunk of the LM head (0 = off: all scored positions at once)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l max-grad-norm -d 'Gradient-norm clip (0 = off)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l tis-cap -d 'Truncated importance-sampling cap on π_old/π_rollout per token (off when absent)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l freeze -d 'Parameters not to update: a regular expression matched anywhere in the Hugging Face parameter names (e.g. `embed_tokens` freezes the token embeddings, and with them a tied LM head). Matching no parameter, or all of them, is an error' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l seed -d 'Seed of torch\'s generator' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l activation-checkpointing -d 'Recompute each layer\'s activations in the backward pass (per-layer activation checkpointing): activation memory of one layer instead of all, for one more forward pass'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'

@@ -95,6 +95,11 @@ pub struct TrainStepArgs {
     /// Truncated importance-sampling cap on π_old/π_rollout per token (off when absent).
     #[arg(long)]
     pub tis_cap: Option<f64>,
+    /// Parameters not to update: a regular expression matched anywhere in the Hugging Face
+    /// parameter names (e.g. `embed_tokens` freezes the token embeddings, and with them a tied
+    /// LM head). Matching no parameter, or all of them, is an error.
+    #[arg(long, value_name = "REGEX")]
+    pub freeze: Option<String>,
     /// Seed of torch's generator.
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
@@ -120,6 +125,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         max_grad_norm: args.max_grad_norm,
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,
+        freeze: args.freeze,
         optim: AdamWConfig {
             lr: args.lr,
             min_lr: args.min_lr,

@@ -37,6 +37,8 @@ pub enum TrainError {
     OptimizerState { path: PathBuf, msg: String },
     #[error("{path}: {msg}")]
     Output { path: PathBuf, msg: String },
+    #[error("--freeze {pattern}: {msg}")]
+    Freeze { pattern: String, msg: String },
     #[error("non-finite {what} ({value}); no update written")]
     NonFinite { what: &'static str, value: f64 },
     #[error("{0}")]

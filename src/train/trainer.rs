@@ -45,6 +45,11 @@ pub struct Settings {
     pub tis_cap: Option<f64>,
     /// ε in A = (r − mean)/(std + ε).
     pub adv_eps: f64,
+    /// Regular expression over parameter names (Hugging Face names such as
+    /// `model.embed_tokens.weight`): the parameters it matches (anywhere in the name) are not
+    /// updated — no optimizer step, no weight decay, left out of the gradient norm. None: all
+    /// parameters train.
+    pub freeze: Option<String>,
     pub optim: AdamWConfig,
 }
 
@@ -61,6 +66,7 @@ impl Default for Settings {
             max_grad_norm: 1.0,
             tis_cap: None,
             adv_eps: 1e-6,
+            freeze: None,
             optim: AdamWConfig::default(),
         }
     }
@@ -324,7 +330,8 @@ impl Trainer {
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
         );
-        let params = self.model.named_variables();
+        let all_params = self.model.named_variables();
+        let params = trainable(&all_params, s.freeze.as_deref())?;
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
         let per_update = n_groups.div_ceil(updates);
@@ -389,7 +396,9 @@ impl Trainer {
                 );
                 continue;
             }
-            for (_, p) in &params {
+            // Frozen parameters get gradients too (they are not excluded from autograd); clearing
+            // them keeps them from accumulating over updates.
+            for (_, p) in &all_params {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
@@ -563,6 +572,48 @@ struct Finished {
     grad_norms: Vec<f64>,
     lr: f64,
     elapsed: f64,
+}
+
+/// The parameters an update moves: all of `vars` but those `freeze` matches. A pattern that
+/// matches no parameter (a typo) or every parameter is an error rather than a silent no-op.
+fn trainable(vars: &[(String, Tensor)], freeze: Option<&str>) -> Result<Vec<(String, Tensor)>, TrainError> {
+    let keep = |vars: &[(String, Tensor)], f: &dyn Fn(&str) -> bool| -> Vec<(String, Tensor)> {
+        vars.iter()
+            .filter(|(n, _)| f(n))
+            .map(|(n, p)| (n.clone(), p.shallow_clone()))
+            .collect()
+    };
+    let Some(pattern) = freeze else {
+        return Ok(keep(vars, &|_| true));
+    };
+    let err = |msg: String| TrainError::Freeze {
+        pattern: pattern.to_string(),
+        msg,
+    };
+    let re = regex::Regex::new(pattern).map_err(|e| err(e.to_string()))?;
+    let params = keep(vars, &|n| !re.is_match(n));
+    let frozen: Vec<&str> = vars
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| re.is_match(n))
+        .collect();
+    if frozen.is_empty() {
+        let names: Vec<&str> = vars.iter().take(3).map(|(n, _)| n.as_str()).collect();
+        return Err(err(format!(
+            "matches no parameter of the model (names look like {})",
+            names.join(", ")
+        )));
+    }
+    if params.is_empty() {
+        return Err(err("matches every parameter: nothing would train".into()));
+    }
+    tracing::info!(
+        frozen = frozen.len(),
+        trainable = params.len(),
+        "frozen: {}",
+        frozen.join(", ")
+    );
+    Ok(params)
 }
 
 fn grad_norm(params: &[(String, Tensor)]) -> f64 {

@@ -512,3 +512,59 @@ fn chunked_logprobs_give_the_same_gradients() {
         }
     }
 }
+
+/// `--freeze`: the parameters the pattern matches come out of the step bit-identical (no update,
+/// no weight decay) while the others move; a pattern that matches no parameter, every
+/// parameter, or is not a regular expression fails naming the flag, and writes nothing.
+#[test]
+fn freeze_keeps_matched_parameters_and_rejects_bad_patterns() {
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("samples.jsonl.zst");
+    write_samples(&input, &moe_samples(&model));
+    let train = |out: &Path, pattern: &str| {
+        lego()
+            .args(["train-step", "--checkpoint"])
+            .arg(tiny_moe())
+            .arg("-i")
+            .arg(&input)
+            .arg("--out")
+            .arg(out)
+            .args(CLI_OPTS)
+            .args(["--freeze", pattern])
+            .output()
+            .unwrap()
+    };
+    let out = tmp.path().join("frozen");
+    let o = train(&out, r"embed_tokens|layers\.0\.");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let after = Model::load(&out, Device::Cpu, None).unwrap().named_variables();
+    let before = model.named_variables();
+    assert_eq!(before.len(), after.len());
+    let (mut frozen, mut moved) = (0, 0);
+    for ((name, a), (name_after, b)) in before.iter().zip(&after) {
+        assert_eq!(name, name_after);
+        if name.contains("embed_tokens") || name.contains("layers.0.") {
+            assert!(a.equal(b), "{name} is frozen but changed");
+            frozen += 1;
+        } else if !a.equal(b) {
+            moved += 1;
+        }
+    }
+    assert!(frozen > 2 && moved > 2, "frozen {frozen}, moved {moved}");
+    for (pattern, needle) in [
+        (
+            "no_such_parameter",
+            "--freeze no_such_parameter: matches no parameter of the model",
+        ),
+        (".", "--freeze .: matches every parameter"),
+        ("(embed", "--freeze (embed: regex parse error"),
+    ] {
+        let out = tmp.path().join("bad");
+        let o = train(&out, pattern);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{pattern}: {err}");
+        assert!(err.contains(needle), "{pattern}: stderr lacks {needle:?}:\n{err}");
+        assert!(!out.exists(), "{pattern}: nothing written to --out");
+    }
+}
