@@ -112,6 +112,19 @@ const CLI_OPTS: [&str; 6] = [
     "2",
 ];
 
+/// `lego-rl train-step` from the tiny MoE on `input` into `out`, with [`CLI_OPTS`].
+fn train_step(input: &Path, out: &Path) -> assert_cmd::Command {
+    let mut c = lego();
+    c.args(["train-step", "--checkpoint"])
+        .arg(tiny_moe())
+        .arg("-i")
+        .arg(input)
+        .arg("--out")
+        .arg(out)
+        .args(CLI_OPTS);
+    c
+}
+
 #[test]
 fn train_step_writes_checkpoint_and_metrics() {
     let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
@@ -120,16 +133,9 @@ fn train_step_writes_checkpoint_and_metrics() {
     write_samples(&input, &moe_samples(&model));
     let out = tmp.path().join("step-1");
     let metrics = tmp.path().join("metrics.jsonl.zst");
-    lego()
-        .args(["train-step", "--checkpoint"])
-        .arg(tiny_moe())
-        .arg("-i")
-        .arg(&input)
-        .arg("--out")
-        .arg(&out)
+    train_step(&input, &out)
         .arg("--metrics")
         .arg(&metrics)
-        .args(CLI_OPTS)
         .assert()
         .success();
     for f in [
@@ -523,14 +529,7 @@ fn freeze_keeps_matched_parameters_and_rejects_bad_patterns() {
     let input = tmp.path().join("samples.jsonl.zst");
     write_samples(&input, &moe_samples(&model));
     let train = |out: &Path, pattern: &str| {
-        lego()
-            .args(["train-step", "--checkpoint"])
-            .arg(tiny_moe())
-            .arg("-i")
-            .arg(&input)
-            .arg("--out")
-            .arg(out)
-            .args(CLI_OPTS)
+        train_step(&input, out)
             .args(["--freeze", pattern])
             .output()
             .unwrap()
