@@ -323,6 +323,9 @@ impl Trainer {
         let cfg = self.model.cfg().clone();
         let batch = Batch::new(samples, &cfg, self.model.lm.moe_layers(), path, s.adv_eps)?;
         let all: Vec<usize> = (0..batch.seqs.len()).collect();
+        // Before any forward pass: a bad --freeze pattern fails at once.
+        let all_params = self.model.named_variables();
+        let params = trainable(&all_params, s.freeze.as_deref())?;
         let budget = s.micro_batch_tokens.max(1);
         // Pass 1: π_old with replayed routing, plus diagnostics.
         let (old, entropy, overlap) = self.score(&batch, &all, budget, true, s.logprob_chunk);
@@ -330,8 +333,6 @@ impl Trainer {
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
         );
-        let all_params = self.model.named_variables();
-        let params = trainable(&all_params, s.freeze.as_deref())?;
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
         let per_update = n_groups.div_ceil(updates);
@@ -577,26 +578,29 @@ struct Finished {
 /// The parameters an update moves: all of `vars` but those `freeze` matches. A pattern that
 /// matches no parameter (a typo) or every parameter is an error rather than a silent no-op.
 fn trainable(vars: &[(String, Tensor)], freeze: Option<&str>) -> Result<Vec<(String, Tensor)>, TrainError> {
-    let keep = |vars: &[(String, Tensor)], f: &dyn Fn(&str) -> bool| -> Vec<(String, Tensor)> {
-        vars.iter()
-            .filter(|(n, _)| f(n))
-            .map(|(n, p)| (n.clone(), p.shallow_clone()))
-            .collect()
-    };
+    let re = freeze
+        .map(|pattern| {
+            regex::Regex::new(pattern).map_err(|e| TrainError::Freeze {
+                pattern: pattern.to_string(),
+                msg: e.to_string(),
+            })
+        })
+        .transpose()?;
+    let (mut params, mut frozen) = (Vec::new(), Vec::new());
+    for (name, p) in vars {
+        if re.as_ref().is_some_and(|re| re.is_match(name)) {
+            frozen.push(name.as_str());
+        } else {
+            params.push((name.clone(), p.shallow_clone()));
+        }
+    }
     let Some(pattern) = freeze else {
-        return Ok(keep(vars, &|_| true));
+        return Ok(params);
     };
     let err = |msg: String| TrainError::Freeze {
         pattern: pattern.to_string(),
         msg,
     };
-    let re = regex::Regex::new(pattern).map_err(|e| err(e.to_string()))?;
-    let params = keep(vars, &|n| !re.is_match(n));
-    let frozen: Vec<&str> = vars
-        .iter()
-        .map(|(n, _)| n.as_str())
-        .filter(|n| re.is_match(n))
-        .collect();
     if frozen.is_empty() {
         let names: Vec<&str> = vars.iter().take(3).map(|(n, _)| n.as_str()).collect();
         return Err(err(format!(
