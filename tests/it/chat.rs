@@ -10,9 +10,7 @@ use lego_rl::chat::openai::ChatCompletionRequest;
 use lego_rl::chat::{ChatFormat, Conversation, RenderOptions, Role};
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::common::root;
 
 fn format(template: &str) -> ChatFormat {
     let tok = root().join("testdata/tokenizer/qwen3");

@@ -11,12 +11,17 @@ pub fn lego() -> Command {
     cmd
 }
 
+/// The checkout's root (testdata/, examples/, scripts/).
+pub fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
 /// The Python with transformers: `LEGO_RL_PYTHON`, else the checkout's `.venv` (scripts/setup.sh).
 pub fn python() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("LEGO_RL_PYTHON") {
         return p.into();
     }
-    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let venv = root().join(".venv/bin/python");
     if venv.exists() {
         venv
     } else {

@@ -20,8 +20,8 @@ use lego_rl::records::{AlignStats, Sample, Termination, Trajectory};
 use serde_json::Value;
 
 use crate::align::assert_trainer_reproduces_rollout;
-use crate::common::{docker_available, lego};
-use crate::rollout::{chat_dir, fixture, leftovers, read, root, TASK};
+use crate::common::{docker_available, lego, root};
+use crate::rollout::{chat_dir, fixture, leftovers, read, TASK};
 
 /// The tiny MoE's weights and tokenizer with `max_position_embeddings` raised to 40960.
 fn long_context_moe() -> PathBuf {

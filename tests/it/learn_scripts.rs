@@ -17,16 +17,12 @@ use std::sync::OnceLock;
 use lego_rl::chat::ChatFormat;
 use serde_json::{json, Value};
 
-use crate::common;
+use crate::common::{self, root};
 
 /// The warm start's version (`RUN/warmstart/version`).
 const V0: u64 = 40;
 /// The last finished evaluation.
 const V1: u64 = 50;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The Qwen3 tokenizer, which the learn run's model copies (make_model.py).
 fn qwen3() -> PathBuf {

@@ -8,11 +8,7 @@ use std::process::Command;
 use lego_rl::io::{read_all, ReadOptions};
 use lego_rl::records::{Sample, StepMetrics, Task, Trajectory, ValidationReport};
 
-use crate::common::{docker_available, lego};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::common::{docker_available, lego, root};
 
 fn read<T: lego_rl::records::Record>(p: &Path) -> Vec<T> {
     read_all(p, ReadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.display()))

@@ -15,13 +15,9 @@ use lego_rl::io::{read_all, ReadOptions};
 use lego_rl::records::{Task, Termination, Trajectory};
 use serde_json::Value;
 
-use crate::common::{docker_available, lego};
+use crate::common::{docker_available, lego, root};
 
 pub(crate) const TASK: &str = "inflection__ordinal-teens";
-
-pub(crate) fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn docker(args: &[&str]) -> std::process::Output {
     Command::new("docker")
