@@ -8,16 +8,21 @@
 # model.generate with its KV cache (scripts/bench/decode_reference.py). Both time whole generations
 # (prefill + NEW_TOKENS decode steps) after a warm-up. Prints tokens/s of both, the ratio (goal:
 # engine >= 2x transformers), and how many of the greedy tokens agree (same work done).
-# A fifth argument TEMPERATURE > 0 measures plain temperature sampling on both sides instead (top_k=0,
-# top_p=1 for transformers; the tokens then differ, the work per token does not).
+# A fifth argument TEMPERATURE > 0 measures temperature sampling on both sides instead (top_k=0
+# for transformers; the tokens then differ, the work per token does not), and a sixth, TOP_P < 1,
+# nucleus sampling (both sides find the nucleus; transformers sorts the whole row on every token,
+# the engine sorts only as much of it as the nucleus needs). LEGO_RL_BENCH_CKPT measures another
+# checkpoint: a trained policy's peaked distribution has a small nucleus (the learn benchmark's
+# warm start: runs/learn/checkpoints/step-000040), the random tiny model's nearly flat one the
+# largest there is.
 # Then, in the same run, concurrent throughput of the engine alone: 1, 4 and 8 requests at once
 # (NEW_TOKENS each), with batched decode (one forward for all decoding sequences) and with the
 # decode batch capped at 1 (the former interleaving: one forward per sequence per step); prints
 # tokens/s of both, batched/interleaved, each level's throughput over 1 request, and how many
 # tokens both produced alike (all when greedy; sampling the random model's nearly uniform
 # distribution can part on ~1e-6 log-prob noise from the batched matmuls' summation order).
-# Usage: scripts/bench/decode.sh [NEW_TOKENS] [RUNS] [THREADS] [PROMPT_TOKENS] [TEMPERATURE]
-#        (default 128 5 1 64 0)
+# Usage: scripts/bench/decode.sh [NEW_TOKENS] [RUNS] [THREADS] [PROMPT_TOKENS] [TEMPERATURE] [TOP_P]
+#        (default 128 5 1 64 0 1)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -27,8 +32,9 @@ runs=${2:-5}
 threads=${3:-1}
 prompt_len=${4:-64}
 temp=${5:-0}
-ckpt=testdata/models/generated/tiny-qwen3-moe
-[ -f "$ckpt/reference.json" ] || "$py" scripts/make_tiny_models.py "$ckpt"
+top_p=${6:-1}
+ckpt=${LEGO_RL_BENCH_CKPT:-testdata/models/generated/tiny-qwen3-moe}
+[ -n "${LEGO_RL_BENCH_CKPT:-}" ] || [ -f "$ckpt/reference.json" ] || "$py" scripts/make_tiny_models.py "$ckpt"
 cargo build --release --quiet --example decode_bench
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -40,17 +46,17 @@ tok = AutoTokenizer.from_pretrained(sys.argv[1])
 text = tok.apply_chat_template([{"role": "user", "content": "Write a long story about a robot that learns to fix bugs in a large codebase. " * 8}], tokenize=False, add_generation_prompt=True)
 print(json.dumps(tok(text)["input_ids"][-int(sys.argv[2]):]))
 PY
-engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp")
-hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp")
+engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp" "$top_p")
+hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp" "$top_p")
 echo "$engine" | grep -v '^engine_ids='
 echo "$hf" | grep -v '^hf_ids='
 eval "$(echo "$engine" | grep -E '^(engine_(tok_per_s|ids)|head_ms_per_token|concurrent_[a-z_]+)=')"
 eval "$(echo "$hf" | grep -E '^hf_(tok_per_s|ids)=')"
 same=$(awk -v a="$engine_ids" -v b="$hf_ids" 'BEGIN { n = split(a, x, ","); split(b, y, ","); for (i = 1; i <= n && x[i] == y[i]; i++); print i - 1 }')
 mode=greedy
-[ "$temp" = 0 ] || mode="sampled T=$temp"
-awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" -v m="$mode" 'BEGIN {
-  printf "decode tiny-qwen3-moe CPU fp32 %s, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); tokens equal for the first %d of %d\n", m, p, n, t, e, h, e / h, s, n }'
+[ "$temp" = 0 ] || mode="sampled T=$temp top-p $top_p"
+awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" -v m="$mode" -v c="$(basename "$ckpt")" 'BEGIN {
+  printf "decode %s CPU fp32 %s, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); tokens equal for the first %d of %d\n", c, m, p, n, t, e, h, e / h, s, n }'
 awk -v hm="$head_ms_per_token" -v h="$hf_tok_per_s" -v e="$engine_tok_per_s" 'BEGIN {
   hs = 1000 / h; es = 1000 / e
   printf "LM head matmul alone (the same work on both sides): %.2f ms/token = %.0f%% of the engine step (%.2f ms), %.0f%% of transformers'"'"' (%.2f ms); bound: an engine with every other op free would be %.2fx transformers here\n", hm, 100 * hm / es, es, 100 * hm / hs, hs, hs / hm }'

@@ -2,10 +2,11 @@
 //! through the `Backend` trait (no HTTP, no chat rendering: the least overhead an honest caller
 //! pays — the proxy adds its own, measured by scripts/bench/proxy.sh).
 //!
-//!   decode_bench CHECKPOINT_DIR PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS [TEMPERATURE]
+//!   decode_bench CHECKPOINT_DIR PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS [TEMPERATURE [TOP_P]]
 //!
 //! Decoding of exactly NEW_TOKENS tokens (no stop ids), RUNS times after one warm-up run, on
-//! THREADS torch threads; greedy, or plain temperature sampling when TEMPERATURE > 0 (seeded).
+//! THREADS torch threads; greedy, or temperature sampling when TEMPERATURE > 0 (seeded), with
+//! nucleus sampling when TOP_P < 1.
 //! Prints `key=value` lines, and the generated ids of the first run (`ids=1,2,…`) so the script
 //! can check that both sides decoded the same tokens.
 //!
@@ -26,10 +27,11 @@ use lego_rl::records::Sampling;
 async fn main() -> anyhow::Result<()> {
     let a: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
-        a.len() == 6 || a.len() == 7,
-        "usage: decode_bench CHECKPOINT PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS [TEMPERATURE]"
+        (6..=8).contains(&a.len()),
+        "usage: decode_bench CHECKPOINT PROMPT_IDS_JSON NEW_TOKENS RUNS THREADS [TEMPERATURE [TOP_P]]"
     );
     let temperature: f64 = a.get(6).map_or(Ok(0.0), |t| t.parse())?;
+    let top_p: f64 = a.get(7).map_or(Ok(1.0), |t| t.parse())?;
     let ckpt = Path::new(&a[1]);
     let prompt: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&a[2])?)?;
     let new_tokens: u32 = a[3].parse()?;
@@ -41,6 +43,7 @@ async fn main() -> anyhow::Result<()> {
         prompt_ids: prompt.clone(),
         sampling: Sampling {
             temperature: Some(temperature),
+            top_p: (top_p < 1.0).then_some(top_p),
             max_tokens: Some(new_tokens),
             seed: Some(1),
             ..Default::default()
