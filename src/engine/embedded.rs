@@ -582,8 +582,7 @@ fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
         cand.select_nth_unstable_by(k - 1, desc);
         cand.truncate(k);
     }
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let total = cand.iter().map(|c| f64::from((c.1 - max).exp())).sum::<f64>() as f32;
+    let (max, total) = softmax_norm(&cand);
     let keep = match s.top_p.filter(|&p| p < 1.0) {
         Some(top_p) => nucleus(&mut cand, max, total, top_p as f32),
         None => {
@@ -601,6 +600,14 @@ fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
         u -= p;
     }
     cand[keep - 1].0
+}
+
+/// The largest logit and `sum(exp(logit - max))`, the softmax's normalizer (summed in f64: the
+/// row has ~152k terms).
+fn softmax_norm(cand: &[(u32, f32)]) -> (f32, f32) {
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let total = cand.iter().map(|c| f64::from((c.1 - max).exp())).sum::<f64>() as f32;
+    (max, total)
 }
 
 /// Descending by (tempered) logit; equal logits by token id, so the order (and the draw) does
@@ -759,8 +766,7 @@ mod sampling_tests {
                     (i as u32, scale * z)
                 })
                 .collect();
-            let max = row.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-            let total = row.iter().map(|c| f64::from((c.1 - max).exp())).sum::<f64>() as f32;
+            let (max, total) = softmax_norm(&row);
             for top_p in [0.5, 0.9, 0.95, 0.999] {
                 let want = nucleus_by_full_sort(&row, max, total, top_p);
                 let mut cand = row.clone();
