@@ -187,6 +187,11 @@ pub struct GraderResult {
     /// Tail of the grader's output, for the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_tail: Option<String>,
+    /// Why the reward was decided without (or against) the tests' verdict: `grader_tampering`
+    /// when the diff tried to change how grading runs (see the `shadowing` and `bytecode` audit
+    /// events). Absent when the tests decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Start and end (seconds since the Unix epoch) and outcome of one trial stage.
@@ -256,7 +261,35 @@ impl Trajectory {
     pub fn is_infra_failure(&self) -> bool {
         self.infra_failure || self.termination.is_infra()
     }
+
+    /// True when the trial's diff tried to change how it was graded: its grader's reason says
+    /// so, or it has an audit event of a [`TAMPERING_KINDS`] kind.
+    pub fn is_grader_tampering(&self) -> bool {
+        self.grader.as_ref().and_then(|g| g.reason.as_deref()) == Some(GRADER_TAMPERING)
+            || self
+                .audit
+                .iter()
+                .any(|a| TAMPERING_KINDS.contains(&a.kind.as_str()))
+    }
+
+    /// The kinds of its audit events, plus `grader_tampering` (see
+    /// [`Trajectory::is_grader_tampering`]): what validate's gates and the report count.
+    pub fn audit_kinds(&self) -> std::collections::BTreeSet<String> {
+        let mut kinds: std::collections::BTreeSet<String> =
+            self.audit.iter().map(|a| a.kind.clone()).collect();
+        if self.is_grader_tampering() {
+            kinds.insert(GRADER_TAMPERING.to_string());
+        }
+        kinds
+    }
 }
+
+/// `GraderResult::reason` of a trial whose diff tried to change how it is graded (reward 0).
+pub const GRADER_TAMPERING: &str = "grader_tampering";
+
+/// Audit event kinds that make a trial `grader_tampering`: a planted module shadowing one the
+/// grader imports, planted compiled Python (see `grade::integrity`).
+pub const TAMPERING_KINDS: &[&str] = &["shadowing", "bytecode"];
 
 #[cfg(test)]
 mod tests {

@@ -176,13 +176,7 @@ pub fn summarize(step: u64, t: &Trajectory, b: &Behaviour) -> TrajSummary {
         turns: t.generations.len() as u64,
         response_tokens: t.generations.iter().map(|g| g.output_ids.len() as u64).sum(),
         tool_calls: b.tool_calls,
-        audit: t
-            .audit
-            .iter()
-            .map(|a| a.kind.clone())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect(),
+        audit: t.audit_kinds().into_iter().collect(),
     }
 }
 

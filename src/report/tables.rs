@@ -44,6 +44,7 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
         "audit_git_history",
         "audit_test_edit",
         "audit_blocked_egress",
+        "audit_grader_tampering",
         "validation_passed",
         "validation_gates_failed",
         "eval_pass_at_1",
@@ -78,6 +79,7 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
             a("git_history"),
             a("test_edit"),
             a("blocked_egress"),
+            a("grader_tampering"),
             v.map(|v| v.passed.to_string()).unwrap_or_default(),
             v.map(|v| v.gates.iter().filter(|g| !g.passed).count().to_string())
                 .unwrap_or_default(),

@@ -70,7 +70,7 @@ pub struct ContainerSpec {
 /// A connection to the container engine.
 #[derive(Clone)]
 pub struct Engine {
-    docker: Docker,
+    pub(super) docker: Docker,
 }
 
 impl Engine {
@@ -449,7 +449,7 @@ impl Engine {
         Ok(list.into_iter().filter_map(|n| n.id).collect())
     }
 
-    /// Removes every container and network labelled with `run_id` (or every lego-rl trial object
+    /// Removes every container, network and snapshot image labelled with `run_id` (or every lego-rl trial object
     /// when `run_id` is `None`); returns how many objects were removed.
     pub async fn sweep(&self, run_id: Option<&str>) -> Result<usize, SandboxError> {
         let (label, value) = match run_id {
@@ -487,12 +487,19 @@ impl Engine {
                 self.networks_with_label(label, value).await?,
             )
         };
-        let n = containers.len() + networks.len();
+        // Snapshots of killed agent containers (see `freeze`), after the containers made from them.
+        let images = self
+            .images_with_label(label, (!value.is_empty()).then_some(value))
+            .await?;
+        let n = containers.len() + networks.len() + images.len();
         for c in containers {
             self.remove_container(&c).await?;
         }
         for net in networks {
             self.remove_network(&net).await?;
+        }
+        for image in images {
+            self.remove_image(&image).await?;
         }
         Ok(n)
     }

@@ -10,6 +10,7 @@
 //! reaches the grader.
 
 pub mod client;
+pub mod freeze;
 pub mod images;
 pub mod relay;
 pub mod runtime;

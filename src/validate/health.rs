@@ -9,8 +9,9 @@ use super::run::{for_each_trajectory, for_each_trajectory_in, read_files, read_p
 use crate::io::ReadOptions;
 use crate::records::{AlignStats, Sample, StepMetrics, Trajectory};
 
-/// Audit kinds that count as reward-hacking attempts and get a gate each.
-pub const AUDIT_KINDS: &[&str] = &["git_history", "test_edit", "blocked_egress"];
+/// Audit kinds that count as reward-hacking attempts and get a gate each (`grader_tampering`:
+/// trajectories with a `shadowing` or `bytecode` event, graded 0; see `Trajectory::audit_kinds`).
+pub const AUDIT_KINDS: &[&str] = &["git_history", "test_edit", "blocked_egress", "grader_tampering"];
 
 /// At most this many examples are kept per consistency problem.
 const MAX_EXAMPLES: usize = 5;
@@ -157,9 +158,8 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
             s.rewards.push(r);
             g.1.push(r);
         }
-        let kinds: HashSet<&str> = t.audit.iter().map(|a| a.kind.as_str()).collect();
-        for k in kinds {
-            *s.audit.entry(k.to_string()).or_default() += 1;
+        for k in t.audit_kinds() {
+            *s.audit.entry(k).or_default() += 1;
         }
         let oldest = t
             .generations

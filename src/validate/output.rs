@@ -84,14 +84,23 @@ pub fn print_steps(out: &mut impl Write, h: &super::health::Health) -> std::io::
     }
     writeln!(
         out,
-        "\n{:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>11}  {:>9}  {:>14}  {:>8}",
-        "STEP", "TRAJ", "REWARD", "INFRA", "ZVAR", "GIT_HISTORY", "TEST_EDIT", "BLOCKED_EGRESS", "DROPPED"
+        "\n{:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>11}  {:>9}  {:>14}  {:>16}  {:>8}",
+        "STEP",
+        "TRAJ",
+        "REWARD",
+        "INFRA",
+        "ZVAR",
+        "GIT_HISTORY",
+        "TEST_EDIT",
+        "BLOCKED_EGRESS",
+        "GRADER_TAMPERING",
+        "DROPPED"
     )?;
     for s in h.steps.values() {
         let a = |k: &str| s.audit.get(k).copied().unwrap_or(0);
         writeln!(
             out,
-            "{:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>11}  {:>9}  {:>14}  {:>8}",
+            "{:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>11}  {:>9}  {:>14}  {:>16}  {:>8}",
             s.step,
             s.trajectories,
             fmt_value(s.reward_mean()),
@@ -100,6 +109,7 @@ pub fn print_steps(out: &mut impl Write, h: &super::health::Health) -> std::io::
             a("git_history"),
             a("test_edit"),
             a("blocked_egress"),
+            a("grader_tampering"),
             s.dropped_turns
         )?;
     }

@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per area.
 
+mod adversarial;
 mod align;
 mod chat;
 mod cli;

@@ -23,15 +23,15 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn task_root() -> PathBuf {
+pub(crate) fn task_root() -> PathBuf {
     root().join("testdata/tasks")
 }
 
-fn tasks() -> Vec<Task> {
+pub(crate) fn tasks() -> Vec<Task> {
     read_all(&task_root().join("tasks.jsonl"), ReadOptions::default()).expect("testdata tasks")
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -40,7 +40,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// The engine, or `None` (test skipped) when Docker is unreachable outside CI.
-fn engine(rt: &tokio::runtime::Runtime) -> Option<Engine> {
+pub(crate) fn engine(rt: &tokio::runtime::Runtime) -> Option<Engine> {
     match rt.block_on(Engine::connect()) {
         Ok(e) => Some(e),
         Err(e) if std::env::var_os("CI").is_some() => panic!("Docker is required under CI: {e}"),
@@ -53,7 +53,7 @@ fn engine(rt: &tokio::runtime::Runtime) -> Option<Engine> {
 
 /// Builds every testdata image once per test binary (through the CLI), bootstrapping the base image
 /// when the engine lacks it.
-fn images() -> &'static HashMap<String, ImageRecord> {
+pub(crate) fn images() -> &'static HashMap<String, ImageRecord> {
     static IMAGES: OnceLock<HashMap<String, ImageRecord>> = OnceLock::new();
     IMAGES.get_or_init(|| {
         let have_base = Command::new("docker")
@@ -84,12 +84,12 @@ fn images() -> &'static HashMap<String, ImageRecord> {
     })
 }
 
-fn b64(s: &str) -> String {
+pub(crate) fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
 
 /// An agent script that applies the task's reference solution.
-fn gold_script(task: &Task) -> String {
+pub(crate) fn gold_script(task: &Task) -> String {
     if let Some(p) = &task.gold_patch {
         return format!("echo {} | base64 -d | git apply", b64(p));
     }
@@ -103,7 +103,7 @@ fn gold_script(task: &Task) -> String {
     )
 }
 
-async fn trial(
+pub(crate) async fn trial(
     engine: &Engine,
     task: &Task,
     run: &str,
@@ -128,7 +128,7 @@ async fn trial(
     .await
 }
 
-async fn assert_no_leftovers(engine: &Engine, run: &str) {
+pub(crate) async fn assert_no_leftovers(engine: &Engine, run: &str) {
     assert_eq!(
         engine.containers_with_label(LABEL_RUN, run).await.expect("list"),
         Vec::<String>::new(),
@@ -141,7 +141,7 @@ async fn assert_no_leftovers(engine: &Engine, run: &str) {
     );
 }
 
-fn run_id(what: &str) -> String {
+pub(crate) fn run_id(what: &str) -> String {
     format!("it-{what}-{}", std::process::id())
 }
 
@@ -709,7 +709,7 @@ fn sweep_removes_labelled_leftovers() {
     });
 }
 
-fn task(id: &str) -> Task {
+pub(crate) fn task(id: &str) -> Task {
     tasks().into_iter().find(|t| t.id == id).expect("task")
 }
 

@@ -1,16 +1,116 @@
-//! The evaluate stage's two graders: SWE-style tasks in a fresh container from the pristine image,
-//! Harbor tasks by running `/tests/test.sh` in the trial container (as Harbor does).
+//! The evaluate stage's two graders. Both run in a *fresh* container from the pristine task image
+//! with no network, in which the agent never ran: the agent's diff is applied, files that would
+//! change how grading runs are put back, and the tests run as a non-root user with Python's
+//! safe-path mode, so neither the repository's working directory nor a planted module is
+//! imported in place of the grader's own.
+//!
+//! - SWE-style: protected test files restored, the test patch applied, `test_cmd` run, statuses
+//!   graded ([`grade::swebench`]).
+//! - Harbor: `/tests` uploaded only after the diff is applied, `test.sh` run as the task's
+//!   `[verifier] user` (else the non-root agent user), `/logs/verifier/reward.*` read by root.
+//!
+//! Before any test runs, [`grade::integrity::tampering`] checks the diff; a diff that shadows a
+//! module the grader imports, or a tree with planted bytecode (found at extraction), gets reward 0
+//! with reason `grader_tampering`, and no test runs.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::{diff_files, is_collection_hook, sh_quote, tail, Trial};
 use crate::grade;
+use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
-use crate::sandbox::{ContainerSpec, SandboxError};
+use crate::sandbox::{ContainerSpec, SandboxError, AGENT_USER};
+
+/// Exported before every command that runs code of the repository while grading: no implicit
+/// working directory on `sys.path` (`-m`, `-c`), no user site-packages.
+const SAFE_PYTHON: &str = "export PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1";
+
+fn stage_error(message: String) -> SandboxError {
+    SandboxError::Stage {
+        stage: "evaluate",
+        message,
+    }
+}
+
+/// The grading result of a trial whose diff tampers with grading: reward 0, tests not run.
+fn tampered(events: &[AuditEvent]) -> (f64, GraderResult) {
+    let what: Vec<&str> = events.iter().map(|e| e.detail.as_str()).collect();
+    (
+        0.0,
+        GraderResult {
+            reason: Some(GRADER_TAMPERING.into()),
+            log_tail: Some(format!("not graded: {}", what.join("; "))),
+            ..Default::default()
+        },
+    )
+}
 
 impl Trial {
+    /// Creates and starts the evaluation container from the pristine image with `files` under
+    /// `/tmp/lego/`.
+    async fn start_eval_container(&mut self, files: &[(&str, &[u8])]) -> Result<String, SandboxError> {
+        let spec = ContainerSpec {
+            name: self.name("-eval"),
+            image: self.image.clone(),
+            labels: self.labels(),
+            env: Vec::new(),
+            network: "none".into(),
+            memory_bytes: Some(self.limits.memory_bytes),
+            nano_cpus: Some(self.limits.nano_cpus),
+            pids_limit: Some(self.limits.pids),
+            binds: Vec::new(),
+            cmd: None,
+        };
+        let id = self.engine.create_container(&spec).await?;
+        self.eval_container = Some(id.clone());
+        self.engine.start_container(&id).await?;
+        let mut tar = TarBuilder::new();
+        tar.dir("lego");
+        for (name, bytes) in files {
+            tar.file(&format!("lego/{name}"), bytes, 0o644);
+        }
+        self.engine.upload(&id, "/tmp", tar.finish()).await?;
+        Ok(id)
+    }
+
+    /// Root's preparation in the evaluation container (`prep`, ending with the grader
+    /// interpreter's importable names) and the tampering check of `diff` against those names.
+    async fn prepare_and_check(
+        &mut self,
+        id: &str,
+        prep: &str,
+        diff: &str,
+        dirs: &BTreeSet<String>,
+    ) -> Result<Option<(f64, GraderResult)>, SandboxError> {
+        let script = format!(
+            "set -e; {prep}; cd /; python3 -I -c {} 2>/dev/null || true",
+            sh_quote(integrity::IMPORTABLE_NAMES_PY)
+        );
+        let out = self
+            .engine
+            .exec(id, "root", "/", &[], &script, self.limits.eval)
+            .await?;
+        if !out.ok() {
+            return Err(stage_error(format!(
+                "preparing the evaluation container: exit {:?}: {}",
+                out.exit_code,
+                tail(&out.stderr, 2000)
+            )));
+        }
+        let events = integrity::tampering(diff, dirs, &integrity::grader_names(&out.stdout));
+        self.audit.extend(events);
+        // This check's events and extraction's (planted bytecode).
+        let all: Vec<AuditEvent> = self
+            .audit
+            .iter()
+            .filter(|e| integrity::TAMPERING_KINDS.contains(&e.kind.as_str()))
+            .cloned()
+            .collect();
+        Ok((!all.is_empty()).then(|| tampered(&all)))
+    }
+
     pub(super) async fn evaluate_swebench(
         &mut self,
         diff: &str,
@@ -45,27 +145,27 @@ impl Trial {
                 generation: None,
             });
         }
-        let spec = ContainerSpec {
-            name: self.name("-eval"),
-            image: self.image.clone(),
-            labels: self.labels(),
-            env: Vec::new(),
-            network: "none".into(),
-            memory_bytes: Some(self.limits.memory_bytes),
-            nano_cpus: Some(self.limits.nano_cpus),
-            pids_limit: Some(self.limits.pids),
-            binds: Vec::new(),
-            cmd: None,
-        };
-        let id = self.engine.create_container(&spec).await?;
-        self.eval_container = Some(id.clone());
-        self.engine.start_container(&id).await?;
-        let mut tar = TarBuilder::new();
-        tar.dir("lego")
-            .file("lego/agent.diff", diff.as_bytes(), 0o644)
-            .file("lego/test.patch", test_patch.as_bytes(), 0o644);
-        self.engine.upload(&id, "/tmp", tar.finish()).await?;
+        let id = self
+            .start_eval_container(&[
+                ("agent.diff", diff.as_bytes()),
+                ("test.patch", test_patch.as_bytes()),
+            ])
+            .await?;
+        let wd = sh_quote(&self.workdir);
         let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
+        let prep = format!(
+            "cd {wd}; git reset -q --hard {base}; git clean -qfdx; mkdir -p /tmp/lego/out; \
+             chown -R {AGENT_USER}:{AGENT_USER} {wd} /tmp/lego/out"
+        );
+        let tests = test_files
+            .iter()
+            .chain(&self.task.fail_to_pass)
+            .chain(&self.task.pass_to_pass)
+            .map(String::as_str);
+        let dirs = integrity::search_dirs(test_cmd, tests);
+        if let Some(verdict) = self.prepare_and_check(&id, &prep, diff, &dirs).await? {
+            return Ok(verdict);
+        }
         let restore = |files: &mut dyn Iterator<Item = &String>| -> String {
             files
                 .map(|f| {
@@ -79,8 +179,10 @@ impl Trial {
         let restore_tests = restore(&mut protected.iter());
         let revert_hooks = restore(&mut hooks.iter());
         let files: Vec<String> = test_files.iter().map(|f| sh_quote(f)).collect();
+        // As the non-root user from here on: applying the diff cannot write outside what that
+        // user owns (the repository, /tmp/lego/out), whatever a fallback like `patch` does.
         let script = format!(
-            "cd {wd}; git reset -q --hard {base}; git clean -qfdx; D=/tmp/lego/agent.diff; \
+            "cd {wd}; D=/tmp/lego/agent.diff; \
              if [ ! -s $D ]; then M=none; \
              elif git apply --binary $D 2>/dev/null; then M='git apply'; \
              elif git apply --binary --3way $D 2>/dev/null; then M='git apply --3way'; \
@@ -89,35 +191,24 @@ impl Trial {
              else git reset -q --hard; git clean -qfd; M=failed; fi; echo \"LEGO_APPLY=$M\"; \
              {restore_tests}{revert_hooks}\
              if [ -s /tmp/lego/test.patch ] && ! git apply --binary /tmp/lego/test.patch; then echo LEGO_TEST_PATCH_FAILED; exit 3; fi; \
-             {test_cmd} -rA --junitxml=/tmp/lego/junit.xml {files} >/tmp/lego/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
-            wd = sh_quote(&self.workdir),
+             {SAFE_PYTHON}; \
+             {test_cmd} -rA --junitxml=/tmp/lego/out/junit.xml {files} >/tmp/lego/out/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
             files = files.join(" "),
         );
         let out = self
             .engine
-            .exec(&id, "root", "/", &[], &script, self.limits.eval)
+            .exec(&id, AGENT_USER, "/", &[], &script, self.limits.eval)
             .await?;
         if out.timed_out || out.stdout.contains("LEGO_TEST_PATCH_FAILED") || out.exit_code != Some(0) {
-            return Err(SandboxError::Stage {
-                stage: "evaluate",
-                message: format!(
-                    "grading script exit {:?} (timed out: {}): {}",
-                    out.exit_code,
-                    out.timed_out,
-                    tail(&(out.stdout + &out.stderr), 2000)
-                ),
-            });
+            return Err(stage_error(format!(
+                "grading script exit {:?} (timed out: {}): {}",
+                out.exit_code,
+                out.timed_out,
+                tail(&(out.stdout + &out.stderr), 2000)
+            )));
         }
-        let apply = out
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("LEGO_APPLY="))
-            .map(str::to_string);
-        let exit_code = out
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("LEGO_EXIT="))
-            .and_then(|c| c.trim().parse().ok());
+        let apply = marker(&out.stdout, "LEGO_APPLY=").map(str::to_string);
+        let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
         let short = Duration::from_secs(60);
         let junit = self
             .engine
@@ -126,14 +217,21 @@ impl Trial {
                 "root",
                 "/",
                 &[],
-                "cat /tmp/lego/junit.xml 2>/dev/null",
+                "cat /tmp/lego/out/junit.xml 2>/dev/null",
                 short,
             )
             .await?
             .stdout;
         let log = self
             .engine
-            .exec(&id, "root", "/", &[], "tail -c 200000 /tmp/lego/test.log", short)
+            .exec(
+                &id,
+                "root",
+                "/",
+                &[],
+                "tail -c 200000 /tmp/lego/out/test.log",
+                short,
+            )
             .await?
             .stdout;
         let statuses =
@@ -161,70 +259,129 @@ impl Trial {
                 apply,
                 log_path: None,
                 log_tail: Some(log_tail),
+                reason: None,
             },
         ))
     }
 
+    /// The task's `[verifier] user` (Harbor's task.toml, kept in the task's metadata).
+    fn verifier_user(&self) -> Option<String> {
+        self.task
+            .metadata
+            .get("harbor")?
+            .pointer("/task_toml/verifier/user")?
+            .as_str()
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+    }
+
     pub(super) async fn evaluate_harbor(
         &mut self,
+        diff: &str,
         tests_dir: &str,
     ) -> Result<(f64, GraderResult), SandboxError> {
         let dir = self.task_root.join(tests_dir);
-        let mut tar = TarBuilder::new();
-        tar.dir("tests");
-        tar.dir_tree(&dir, "tests")
+        let mut tests = TarBuilder::new();
+        tests.dir("tests");
+        tests
+            .dir_tree(&dir, "tests")
             .map_err(|source| SandboxError::ReadFile {
                 path: dir.clone(),
                 source,
             })?;
-        let prep = self
-            .exec(
-                "root",
-                "rm -rf /tests /logs/verifier; mkdir -p /logs/verifier",
-                Duration::from_secs(60),
-            )
-            .await?;
-        if !prep.ok() {
-            return Err(SandboxError::Stage {
-                stage: "evaluate",
-                message: tail(&prep.stderr, 2000),
+        let user = self.verifier_user().unwrap_or_else(|| AGENT_USER.to_string());
+        if user == "root" || user == "0" {
+            return Err(stage_error(
+                "the task's [verifier] user is root: lego-rl runs verifiers as a non-root user".into(),
+            ));
+        }
+        // Hooks are left out of the diff (there is no base repository here to restore from).
+        let hooks: BTreeSet<String> = diff_files(diff)
+            .into_iter()
+            .filter(|f| is_collection_hook(f))
+            .collect();
+        for f in &hooks {
+            self.audit.push(AuditEvent {
+                kind: "collection_hook".into(),
+                detail: format!("{f} (left out before grading)"),
+                generation: None,
             });
         }
-        self.upload("/", tar.finish()).await?;
+        let diff = integrity::drop_sections(diff, &hooks);
+        let id = self
+            .start_eval_container(&[("agent.diff", diff.as_bytes())])
+            .await?;
+        let (wd, u) = (sh_quote(&self.workdir), sh_quote(&user));
+        let prep = format!(
+            "id -u {u} >/dev/null 2>&1 || {{ echo \"the task's verifier user {u} does not exist in its image\" >&2; exit 3; }}; \
+             rm -rf /tests /logs/verifier; mkdir -p {wd} /logs/verifier; chown -R {u} {wd} /logs/verifier"
+        );
+        let dirs = BTreeSet::from([String::new()]);
+        if let Some(verdict) = self.prepare_and_check(&id, &prep, &diff, &dirs).await? {
+            return Ok(verdict);
+        }
+        let parent = std::path::Path::new(&self.workdir)
+            .parent()
+            .map_or("/".to_string(), |p| p.display().to_string());
+        let apply = format!(
+            "cd {wd}; export GIT_CEILING_DIRECTORIES={}; D=/tmp/lego/agent.diff; \
+             if [ ! -s $D ]; then M=none; \
+             elif git apply --binary $D 2>/dev/null; then M='git apply'; \
+             elif patch --batch --fuzz=5 -p1 -i $D >/dev/null 2>&1; then M='patch --fuzz=5'; \
+             else M=failed; fi; echo \"LEGO_APPLY=$M\"",
+            sh_quote(&parent)
+        );
+        let applied = self
+            .engine
+            .exec(&id, &user, "/", &[], &apply, self.limits.eval)
+            .await?;
+        let apply = marker(&applied.stdout, "LEGO_APPLY=").map(str::to_string);
+        // The tests arrive only now, readable by the verifier user, writable by root alone.
+        self.engine.upload(&id, "/", tests.finish()).await?;
+        let run = format!(
+            "chmod -R a+rX /tests; \
+             setpriv --reuid={u} --regid={u} --init-groups -- env HOME=/tmp bash -c {}; echo \"LEGO_EXIT=$?\"",
+            sh_quote(&format!(
+                "cd {wd}; {SAFE_PYTHON}; bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
+            ))
+        );
         let out = self
-            .exec(
-                "root",
-                "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; echo \"LEGO_EXIT=$?\"",
-                self.limits.eval,
-            )
+            .engine
+            .exec(&id, "root", "/", &[], &run, self.limits.eval)
             .await?;
         if out.timed_out {
-            return Err(SandboxError::Stage {
-                stage: "evaluate",
-                message: "verifier timed out".into(),
-            });
+            return Err(stage_error("verifier timed out".into()));
         }
-        let exit_code = out
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("LEGO_EXIT="))
-            .and_then(|c| c.trim().parse().ok());
+        let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
         let short = Duration::from_secs(60);
         let read = |f: &'static str| {
             format!("if [ -f /logs/verifier/{f} ]; then echo LEGO_PRESENT; cat /logs/verifier/{f}; fi")
         };
-        let json = self.exec("root", &read("reward.json"), short).await?.stdout;
-        let txt = self.exec("root", &read("reward.txt"), short).await?.stdout;
+        let json = self
+            .engine
+            .exec(&id, "root", "/", &[], &read("reward.json"), short)
+            .await?
+            .stdout;
+        let txt = self
+            .engine
+            .exec(&id, "root", "/", &[], &read("reward.txt"), short)
+            .await?
+            .stdout;
         let log = self
-            .exec("root", "tail -c 20000 /logs/verifier/test-stdout.txt", short)
+            .engine
+            .exec(
+                &id,
+                "root",
+                "/",
+                &[],
+                "tail -c 20000 /logs/verifier/test-stdout.txt",
+                short,
+            )
             .await?
             .stdout;
         let present = |s: &str| s.strip_prefix("LEGO_PRESENT\n").map(str::to_string);
         let parsed = grade::harbor::parse_reward(present(&json).as_deref(), present(&txt).as_deref())
-            .map_err(|e| SandboxError::Stage {
-                stage: "evaluate",
-                message: e.to_string(),
-            })?;
+            .map_err(|e| stage_error(e.to_string()))?;
         let tests = parsed
             .components
             .iter()
@@ -235,10 +392,16 @@ impl Trial {
             GraderResult {
                 tests,
                 exit_code,
-                apply: None,
+                apply,
                 log_path: None,
                 log_tail: Some(tail(&log, 4000)),
+                reason: None,
             },
         ))
     }
+}
+
+/// The value after the first line starting with `prefix`.
+fn marker<'a>(stdout: &'a str, prefix: &str) -> Option<&'a str> {
+    stdout.lines().find_map(|l| l.strip_prefix(prefix))
 }

@@ -8,12 +8,15 @@
 //!   ref, reflog, stash or object of the fix exists; files of the test patch are at their pre-patch
 //!   state (absent when the patch creates them).
 //! - agent: the caller's command, as `agent`, under the agent time limit.
-//! - extract: `git add -A; git diff --binary <squashed base>` (binary-safe).
+//! - extract: every process of the agent user stopped and killed, then `git add -A; git diff --binary`
+//!   against a root-only copy of the base, in a container where nothing of the agent's runs ([`stop`]).
 //! - evaluate: SWE-style tasks in a *fresh* container from the pristine image with no network: apply
 //!   the diff (`git apply`, `--3way`, `--reject`, `patch --fuzz=5`), restore every protected test file,
 //!   revert agent-added collection hooks (conftest.py, pytest.ini, ...; flagged as audit events), apply
-//!   the test patch, run the tests, grade ([`crate::grade`]). Harbor tasks run `/tests/test.sh` in the
-//!   trial container, as Harbor does.
+//!   the test patch, run the tests as a non-root user, grade ([`crate::grade`]). Harbor tasks the
+//!   same way: a fresh container, the diff applied, `/tests` uploaded only then, `test.sh` run as the
+//!   task's verifier user (else non-root). A diff that plants a module shadowing what the grader
+//!   imports, or compiled bytecode, gets reward 0 with reason `grader_tampering` ([`crate::grade::integrity`]).
 //! - cleanup: containers and network removed on every path (a sweep by label catches the rest).
 //!
 //! The evaluate stage lives in [`evaluate`].
@@ -36,8 +39,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod evaluate;
 mod observe;
+mod stop;
 
 pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};
+pub use stop::{agent_command, extract_script, take_outlived, BASE_GIT};
 
 use super::images::{slug, DEFAULT_WORKDIR};
 use super::relay;
@@ -137,12 +142,14 @@ pub fn diff_files(diff: &str) -> BTreeSet<String> {
     out
 }
 
-/// True for files that can change what pytest collects or how Python starts.
+/// True for files that can change what pytest collects, how Python starts, or how git applies and
+/// restores files while grading (`.gitattributes`: eol, encoding and filter attributes).
 pub fn is_collection_hook(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     matches!(
         name,
         "conftest.py"
+            | ".gitattributes"
             | "pytest.ini"
             | "tox.ini"
             | "setup.cfg"
@@ -167,6 +174,10 @@ pub struct Trial {
     container: Option<String>,
     network: Option<String>,
     eval_container: Option<String>,
+    /// The container the diff was read from when the agent's container had to be killed.
+    extract_container: Option<String>,
+    /// The killed agent container's snapshot (see [`stop`]).
+    snapshot_image: Option<String>,
     base_hash: Option<String>,
     /// Kernel counters and relay log after setup (see [`observe`]).
     baseline: Option<Counters>,
@@ -216,6 +227,8 @@ impl Trial {
             container: None,
             network: None,
             eval_container: None,
+            extract_container: None,
+            snapshot_image: None,
             base_hash: None,
             baseline: None,
             proxy_socket: None,
@@ -388,10 +401,14 @@ impl Trial {
                  git init -q -b main; git add -A; \
                  GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z \
                  git -c user.name=lego-rl -c user.email=lego-rl@localhost commit -q --no-verify --allow-empty -m base; \
-                 chown -R {AGENT_USER}:{AGENT_USER} {wd}; git rev-parse HEAD"
+                 chown -R {AGENT_USER}:{AGENT_USER} {wd}; {snapshot}",
+                snapshot = self.base_snapshot_script(true)
             )
         } else {
-            format!("set -e; mkdir -p {wd} /logs/agent; chown -R {AGENT_USER}:{AGENT_USER} {wd} /logs/agent; echo none")
+            format!(
+                "set -e; mkdir -p {wd} /logs/agent; chown -R {AGENT_USER}:{AGENT_USER} {wd} /logs/agent; {}",
+                self.base_snapshot_script(false)
+            )
         };
         let out = self
             .engine
@@ -408,7 +425,7 @@ impl Trial {
                 ),
             });
         }
-        self.base_hash = Some(out.stdout.trim().to_string()).filter(|h| h != "none");
+        self.base_hash = Some(out.stdout.trim().to_string()).filter(|h| !h.is_empty());
         if !self.files.is_empty() {
             // Parent directories are made by the agent user (so they are the agent's where it may
             // create them at all); the upload runs as root, then the files are handed over.
@@ -483,11 +500,11 @@ impl Trial {
     /// Runs the agent's command as the agent user under the agent time limit (stage `agent`).
     pub async fn run_agent(&mut self, script: &str) -> Result<(AgentOutcome, ExecOutput), SandboxError> {
         let start = now();
-        // The agent's processes volunteer as the OOM killer's first victims (children inherit the
-        // score; an unprivileged process may raise it, and lower it only back to 0), so memory
-        // pressure of the agent's making kills the agent's processes, not the relay.
-        let script = format!("echo 500 > /proc/self/oom_score_adj 2>/dev/null\n{script}");
-        let r = self.exec(AGENT_USER, &script, self.limits.agent).await;
+        // Run as root only to start `setpriv`: the harness and everything it starts run as the
+        // agent user, and are stopped and killed the moment it exits (see [`stop`]).
+        let r = self
+            .exec("root", &agent_command(script, &self.env), self.limits.agent)
+            .await;
         let outcome = match &r {
             Err(_) => "error".to_string(),
             Ok(o) if o.timed_out => "timeout".into(),
@@ -506,32 +523,6 @@ impl Trial {
         Ok((kind, out))
     }
 
-    /// The agent's change against the squashed base, binary-safe (stage `extract`).
-    pub async fn extract(&mut self) -> Result<String, SandboxError> {
-        let start = now();
-        let r = async {
-            let Some(base) = self.base_hash.clone() else {
-                return Ok(String::new());
-            };
-            // Run as the agent user with hooks and fsmonitor off: the repository is agent-controlled.
-            let script = format!(
-                "git -c core.hooksPath=/dev/null -c core.fsmonitor=false add -A >/dev/null && \
-                 git -c core.fsmonitor=false diff --cached --binary --no-color --no-ext-diff {base}"
-            );
-            let out = self.exec(AGENT_USER, &script, self.limits.setup).await?;
-            if !out.ok() {
-                return Err(SandboxError::Stage {
-                    stage: "extract",
-                    message: tail(&out.stderr, 2000),
-                });
-            }
-            Ok(out.stdout)
-        }
-        .await;
-        self.record("extract", start, if r.is_ok() { "ok" } else { "error" });
-        r
-    }
-
     /// Grades the trial (stage `evaluate`); returns (reward, grader details).
     pub async fn evaluate(&mut self, diff: &str) -> Result<(f64, GraderResult), SandboxError> {
         let start = now();
@@ -539,7 +530,7 @@ impl Trial {
             Some(Grader::Swebench { test_cmd, test_files }) => {
                 self.evaluate_swebench(diff, &test_cmd, &test_files).await
             }
-            Some(Grader::Harbor { tests_dir }) => self.evaluate_harbor(&tests_dir).await,
+            Some(Grader::Harbor { tests_dir }) => self.evaluate_harbor(diff, &tests_dir).await,
             None => Err(SandboxError::Stage {
                 stage: "evaluate",
                 message: format!("task {} has no grader", self.task.id),
@@ -553,11 +544,20 @@ impl Trial {
     pub async fn cleanup(&mut self) -> Result<(), SandboxError> {
         let start = now();
         let mut first_err = None;
-        for id in [self.eval_container.take(), self.container.take()]
-            .into_iter()
-            .flatten()
+        for id in [
+            self.eval_container.take(),
+            self.extract_container.take(),
+            self.container.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             if let Err(e) = self.engine.remove_container(&id).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(image) = self.snapshot_image.take() {
+            if let Err(e) = self.engine.remove_image(&image).await {
                 first_err.get_or_insert(e);
             }
         }
@@ -595,6 +595,7 @@ impl Trial {
                 .push_str(&format!("\n{cause}"));
             r.infra_cause = Some(cause);
         };
+        let in_band: Option<u64>;
         'stages: {
             if let Err(e) = self.setup().await {
                 infra("setup", e, &mut result);
@@ -606,7 +607,9 @@ impl Trial {
                     break 'stages;
                 }
                 Ok((outcome, out)) => {
-                    result.agent_log = Some(tail(&format!("{}{}", out.stdout, out.stderr), 8000));
+                    let (stderr, count) = take_outlived(&out.stderr);
+                    in_band = count;
+                    result.agent_log = Some(tail(&format!("{}{stderr}", out.stdout), 8000));
                     match self.observe_agent().await {
                         observe::Aftermath::Alive => {}
                         // The agent's memory use took the container down (the OOM killer reached
@@ -642,7 +645,7 @@ impl Trial {
                     result.outputs = self.read_outputs().await;
                 }
             }
-            let diff = match self.extract().await {
+            let diff = match self.extract(in_band).await {
                 Ok(d) => d,
                 Err(e) => {
                     infra("extract", e, &mut result);
@@ -671,12 +674,17 @@ impl Drop for Trial {
     /// Backstop for early returns and panics: removal is spawned on the current runtime; the sweep by
     /// label removes whatever this could not.
     fn drop(&mut self) {
-        let ids: Vec<String> = [self.eval_container.take(), self.container.take()]
-            .into_iter()
-            .flatten()
-            .collect();
+        let ids: Vec<String> = [
+            self.eval_container.take(),
+            self.extract_container.take(),
+            self.container.take(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let net = self.network.take();
-        if ids.is_empty() && net.is_none() {
+        let image = self.snapshot_image.take();
+        if ids.is_empty() && net.is_none() && image.is_none() {
             return;
         }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -687,6 +695,9 @@ impl Drop for Trial {
                 }
                 if let Some(n) = net {
                     let _ = engine.remove_network(&n).await;
+                }
+                if let Some(i) = image {
+                    let _ = engine.remove_image(&i).await;
                 }
             });
         }
