@@ -189,7 +189,8 @@ pub struct GraderResult {
     pub log_tail: Option<String>,
     /// Why the reward was decided without (or against) the tests' verdict: `grader_tampering`
     /// when the diff tried to change how grading runs (see the `shadowing` and `bytecode` audit
-    /// events). Absent when the tests decided.
+    /// events), `eval_timeout` when the tests ran out of time on the agent's diff (reward 0: the
+    /// gold patch passes within the limit). Absent when the tests decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

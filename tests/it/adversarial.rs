@@ -43,6 +43,10 @@ struct Case {
     reason: Option<&'static str>,
     /// A shorter agent limit (seconds), for cases that never finish.
     agent_s: Option<u64>,
+    /// A shorter grading limit (seconds), for diffs whose tests never finish.
+    eval_s: Option<u64>,
+    /// A smaller memory limit (MiB).
+    memory_mb: Option<i64>,
 }
 
 fn case(
@@ -61,6 +65,8 @@ fn case(
         event,
         reason,
         agent_s: None,
+        eval_s: None,
+        memory_mb: None,
     }
 }
 
@@ -80,6 +86,7 @@ const KINDS: &[&str] = &[
     "outside_write",
     "hidden_from_diff",
     "outlived_agent",
+    "oom_kill",
 ];
 
 fn cases(swe: &Task, harbor: &Task) -> Vec<Case> {
@@ -255,6 +262,30 @@ fn cases(swe: &Task, harbor: &Task) -> Vec<Case> {
             1.0,
             None,
         ),
+        case(
+            "control-fix-with-a-new-test-file",
+            SWE,
+            format!(
+                "{fix} && {}",
+                write("tests_lego/test_more.py", "def test_more():\n    assert True\n")
+            ),
+            1.0,
+            None,
+        ),
+        case(
+            "control-fix-with-files-outside",
+            SWE,
+            format!("{fix} && mkdir -p $HOME/.cache/x && echo hi > $HOME/.cache/x/notes.txt && echo hi > /tmp/notes.txt"),
+            1.0,
+            None,
+        ),
+        case(
+            "control-fix-and-says-so",
+            SWE,
+            format!("{fix} && echo '============ 26 passed in 0.02s ============'"),
+            1.0,
+            None,
+        ),
         case("control-harbor-fix", HARBOR, harbor_fix, 1.0, None),
     ];
     // Fork exhaustion: the agent times out, its processes are killed (by the stage limit, so
@@ -262,6 +293,28 @@ fn cases(swe: &Task, harbor: &Task) -> Vec<Case> {
     let mut bomb = case("fork-bomb", SWE, "b() { b | b & }; b; sleep 60".into(), 0.0, None);
     bomb.agent_s = Some(8);
     v.push(bomb);
+    // Tests that never finish on the agent's diff: reward 0, not a weightless infra failure.
+    let mut hang = case(
+        "tests-hang",
+        SWE,
+        "sed -i 's/^def ordinal(number: int) -> str:/&\\n    while True: pass/' inflection/__init__.py"
+            .into(),
+        0.0,
+        None,
+    );
+    hang.eval_s = Some(20);
+    hang.reason = Some("eval_timeout");
+    v.push(hang);
+    // Memory exhaustion at a small limit: the OOM killer acts, the agent crashes, reward 0.
+    let mut hog = case(
+        "memory-exhaustion",
+        SWE,
+        "python3 -c \"b = b'x' * (600 << 20)\"".into(),
+        0.0,
+        Some("oom_kill"),
+    );
+    hog.memory_mb = Some(256);
+    v.push(hog);
     v
 }
 
@@ -367,6 +420,12 @@ fn tricks_get_zero_with_their_audit_event_and_honest_fixes_get_one() {
                 let mut limits = TrialLimits::for_task(t);
                 if let Some(s) = c.agent_s {
                     limits.agent = Duration::from_secs(s);
+                }
+                if let Some(s) = c.eval_s {
+                    limits.eval = Duration::from_secs(s);
+                }
+                if let Some(m) = c.memory_mb {
+                    limits.memory_bytes = m << 20;
                 }
                 let (engine, run) = (&engine, &run);
                 async move {

@@ -26,6 +26,8 @@ pub struct Synth {
     pub git_every: usize,
     /// Every n-th trajectory edits a test file (0 = none).
     pub test_edit_every: usize,
+    /// Every n-th trajectory planted a module shadowing pytest (graded 0, `grader_tampering`).
+    pub tamper_every: usize,
     /// Add a sample naming a trajectory that does not exist.
     pub orphan_sample: bool,
 }
@@ -40,6 +42,7 @@ impl Default for Synth {
             infra_every: 0,
             git_every: 0,
             test_edit_every: 0,
+            tamper_every: 0,
             orphan_sample: false,
         }
     }
@@ -152,6 +155,15 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
             generation: None,
         });
     }
+    let tampered = s.tamper_every > 0 && index % s.tamper_every == 0;
+    if tampered {
+        audit.push(AuditEvent {
+            kind: "shadowing".into(),
+            detail: "pytest: pytest.py would be imported instead of the grader's `pytest`".into(),
+            generation: None,
+        });
+    }
+    let reward = if tampered && !infra { Some(0.0) } else { reward };
     let t0 = 1_700_000_000.0 + (step * 1000 + index as u64) as f64;
     Trajectory {
         schema: Trajectory::SCHEMA.into(),
@@ -184,6 +196,7 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
             )]),
             exit_code: Some(i64::from(reward != Some(1.0))),
             log_tail: Some("=== 1 passed ===".into()),
+            reason: tampered.then(|| "grader_tampering".into()),
             ..Default::default()
         }),
         stages: BTreeMap::from([

@@ -38,7 +38,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("15 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("16 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
@@ -68,6 +68,30 @@ fn healthy_run_passes_and_appends_a_report() {
     assert!(reports[1].passed);
     assert_eq!(reports[1].step, Some(2));
     assert_eq!(reports[1].checks["trajectories"], 48);
+}
+
+#[test]
+fn any_grader_tampering_fails_its_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            tamper_every: 16,
+            ..Default::default()
+        },
+    );
+    let (code, v) = validate_json(dir.path(), &[]);
+    assert_eq!(code, Some(1), "{v}");
+    let g = gate(&v, "grader_tampering_rate");
+    assert_eq!(g["value"], 1.0 / 16.0, "{g}");
+    assert_eq!(g["passed"], false);
+    assert_eq!(v["health"]["steps"]["2"]["audit"]["grader_tampering"], 1);
+    assert_eq!(v["health"]["steps"]["2"]["audit"]["shadowing"], 1);
+    // Without it, the same run passes that gate.
+    let clean = tempfile::tempdir().unwrap();
+    write_run(clean.path(), &Synth::default());
+    let (_, v) = validate_json(clean.path(), &[]);
+    assert_eq!(gate(&v, "grader_tampering_rate")["passed"], true, "{v}");
 }
 
 #[test]

@@ -47,6 +47,20 @@ fn tampered(events: &[AuditEvent]) -> (f64, GraderResult) {
     )
 }
 
+/// The grading result of tests that ran out of time on the agent's diff: its doing (the task's
+/// gold patch passed within the limit), so reward 0, not an infra failure.
+fn timed_out(stdout: &str) -> (f64, GraderResult) {
+    (
+        0.0,
+        GraderResult {
+            reason: Some("eval_timeout".into()),
+            apply: marker(stdout, "LEGO_APPLY=").map(str::to_string),
+            log_tail: Some("the tests ran out of time on the agent's diff".into()),
+            ..Default::default()
+        },
+    )
+}
+
 impl Trial {
     /// Creates and starts the evaluation container from the pristine image with `files` under
     /// `/tmp/lego/`.
@@ -199,6 +213,9 @@ impl Trial {
             .engine
             .exec(&id, AGENT_USER, "/", &[], &script, self.limits.eval)
             .await?;
+        if out.timed_out && !diff.trim().is_empty() {
+            return Ok(timed_out(&out.stdout));
+        }
         if out.timed_out || out.stdout.contains("LEGO_TEST_PATCH_FAILED") || out.exit_code != Some(0) {
             return Err(stage_error(format!(
                 "grading script exit {:?} (timed out: {}): {}",
@@ -349,6 +366,9 @@ impl Trial {
             .engine
             .exec(&id, "root", "/", &[], &run, self.limits.eval)
             .await?;
+        if out.timed_out && !diff.trim().is_empty() {
+            return Ok(timed_out(&out.stdout));
+        }
         if out.timed_out {
             return Err(stage_error("verifier timed out".into()));
         }

@@ -8,9 +8,10 @@
 //! - SWE-style tasks: `evaluate` with an empty diff (without the fix) and with the gold patch as
 //!   the diff, each in a fresh container from the pristine image (test patch applied, protected
 //!   test files restored, collection hooks reverted, tests graded per test).
-//! - Harbor tasks: `setup`, then the verifier as is (no-op solution, reward must be 0); and
-//!   `setup`, `solution/` uploaded to `/solution`, `bash /solution/solve.sh` as the agent, then
-//!   the verifier (reward must be 1).
+//! - Harbor tasks: `setup`, then the verifier on the untouched workdir (no-op solution, reward
+//!   must be 0); and `setup`, `solution/` uploaded to `/solution`, `bash /solution/solve.sh` as the
+//!   agent, then the verifier on the workdir's diff in a fresh container, exactly as an agent's
+//!   work is graded (reward must be 1).
 //!
 //! Reasons (the `reason` of the decision record and funnel): `no_image`, `image_build_failed`,
 //! `image_missing`, `no_grader`, `no_gold_patch`, `no_solution`, `flaky` (a graded test or the
@@ -317,9 +318,9 @@ impl Validator {
 
 /// The stages of one run (see the module docs).
 async fn run_checked(trial: &mut Trial, mode: Mode, reference: &Reference) -> Result<Run, RunError> {
-    let diff = match (mode, reference) {
-        (Mode::WithFix, Reference::Patch(p)) => p.as_str(),
-        _ => "",
+    let mut diff = match (mode, reference) {
+        (Mode::WithFix, Reference::Patch(p)) => p.clone(),
+        _ => String::new(),
     };
     if let Reference::SolutionDir(dir) = reference {
         trial.setup().await.map_err(stage_error)?;
@@ -347,9 +348,12 @@ async fn run_checked(trial: &mut Trial, mode: Mode, reference: &Reference) -> Re
                     }),
                 ));
             }
+            // Graded like an agent's work: the solution's diff of the workdir, in a fresh
+            // container.
+            diff = trial.extract(None).await.map_err(stage_error)?;
         }
     }
-    let (reward, grader) = trial.evaluate(diff).await.map_err(stage_error)?;
+    let (reward, grader) = trial.evaluate(&diff).await.map_err(stage_error)?;
     Ok(Run {
         reward,
         tests: grader.tests,
