@@ -4,6 +4,7 @@ mod align;
 mod chat;
 mod cli;
 mod common;
+mod dist;
 mod docs;
 mod engine;
 mod filter_tasks;
