@@ -5,6 +5,7 @@ mod chat;
 mod cli;
 mod common;
 mod dist;
+mod dist_train;
 mod docs;
 mod engine;
 mod filter_tasks;
