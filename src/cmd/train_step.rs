@@ -165,7 +165,10 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             anyhow::bail!("--input -: every rank reads the samples itself; give a file");
         }
         if args.device == "cuda" {
-            device = tch::Device::Cuda(pg.local_rank());
+            // One GPU per rank: all of the node's GPUs visible (torchrun, the launcher) → the
+            // local rank's; one per task (srun --gpus-per-task 1) → that one.
+            let visible = tch::Cuda::device_count().max(1) as usize;
+            device = tch::Device::Cuda(pg.local_rank() % visible);
         }
         tracing::info!(rank = pg.rank(), world_size = pg.world_size(), %backend, ?device, "joined the process group");
     }

@@ -20,6 +20,7 @@ mod report;
 mod rollout;
 mod runtime;
 mod sandbox;
+mod slurm;
 mod synth;
 mod train;
 mod validate;
