@@ -1,7 +1,8 @@
 //! `--nproc-per-node N`: starts N ranks of this same command on this machine, like
 //! `torchrun --standalone`: a free local port for the store, `RANK`/`WORLD_SIZE`/`LOCAL_RANK`/
-//! `MASTER_ADDR`/`MASTER_PORT` for each, every stderr line prefixed with `[rank R]`, SIGINT and
-//! SIGTERM forwarded, and when one rank fails the others are ended.
+//! `MASTER_ADDR`/`MASTER_PORT` for each, `OMP_NUM_THREADS` = cores / N unless set, every stderr
+//! line prefixed with `[rank R]`, SIGINT and SIGTERM forwarded, and when one rank fails the others
+//! are ended.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -60,6 +61,12 @@ pub fn run_local(nproc: usize, args: &[OsString]) -> Result<LaunchOutcome, Launc
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
+    // The ranks share this machine's cores: without a limit each would start one intra-op thread
+    // per core and they would oversubscribe them (torchrun sets OMP_NUM_THREADS for the same reason).
+    let threads = std::env::var("OMP_NUM_THREADS").unwrap_or_else(|_| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores / nproc).max(1).to_string()
+    });
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pumps = Vec::new();
     for rank in 0..nproc {
@@ -71,6 +78,7 @@ pub fn run_local(nproc: usize, args: &[OsString]) -> Result<LaunchOutcome, Launc
             .env("LOCAL_WORLD_SIZE", nproc.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
+            .env("OMP_NUM_THREADS", &threads)
             .stdin(Stdio::null())
             .stderr(Stdio::piped());
         // A rank must not outlive its launcher (killed with SIGKILL, say).
