@@ -2,6 +2,13 @@
 //! process on the same samples and checkpoint: the same update (fp32, weights within 1e-6) for the
 //! dense and the MoE model with routing replay, `--zero 0` and `--zero 1`; resume of sharded
 //! optimizer state; and a rank that dies or cannot reach the store failing the step cleanly.
+//!
+//! Every run here uses one intra-op thread per process (`OMP_NUM_THREADS=1`) and lr 1e-4. fp32
+//! sums in another order (2 ranks' gradients added after, not during, accumulation; or simply 2
+//! threads instead of 1 in one process) differ by a few ulps, and AdamW's m/(√v + ε) turns that
+//! into update differences of up to lr·Δg/ε where |g| ≲ ε: on the tiny MoE one process with 1 vs 2
+//! threads already differs by 4.8e-6 at lr 1e-3. At lr 1e-4 that noise is ~1e-7 while every update
+//! is ~1e-4, so the 1e-6 bound still catches a gradient a rank left out (≥ 1e-5).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -9,17 +16,27 @@ use std::process::{Command, Output, Stdio};
 
 use lego_rl::model::Model;
 use lego_rl::records::StepMetrics;
-use lego_rl::train::Trainer;
 use tch::{Device, Tensor};
 
 use crate::common::{lego, python};
 use crate::dist::free_port;
 use crate::model::{seq_logprobs, tiny_dense, tiny_moe};
-use crate::train::{moe_samples, read_metrics, settings, write_samples, CLI_OPTS};
+use crate::train::{moe_samples, read_metrics, write_samples};
 
-/// `lego-rl train-step` from `ckpt` on `input` into `out` with [`CLI_OPTS`] and `extra`.
+/// Micro-batches of 40 tokens (segments and trajectories split over them), lr 1e-4 (see above).
+const OPTS: [&str; 6] = [
+    "--micro-batch-tokens",
+    "40",
+    "--lr",
+    "1e-4",
+    "--warmup-steps",
+    "2",
+];
+
+/// `lego-rl train-step` from `ckpt` on `input` into `out` with [`OPTS`] and `extra`.
 fn train_step(ckpt: &Path, input: &Path, out: &Path, metrics: &Path, extra: &[&str]) -> Output {
     lego()
+        .env("OMP_NUM_THREADS", "1")
         .args(["train-step", "--checkpoint"])
         .arg(ckpt)
         .arg("-i")
@@ -28,7 +45,7 @@ fn train_step(ckpt: &Path, input: &Path, out: &Path, metrics: &Path, extra: &[&s
         .arg(out)
         .arg("--metrics")
         .arg(metrics)
-        .args(CLI_OPTS)
+        .args(OPTS)
         .args(extra)
         .output()
         .unwrap()
@@ -113,13 +130,19 @@ fn extra(m: &StepMetrics, key: &str) -> u64 {
 #[test]
 fn two_ranks_make_the_update_of_one_process() {
     let tmp = tempfile::tempdir().unwrap();
-    // Dense: one update. MoE (routing recorded and replayed): two updates, so the second is
-    // scored on the ranks' shards after the first. 5 trajectories (odd), one of them in two
-    // segments, over micro-batches of 40 tokens.
-    for (name, ckpt, extra_opts) in [("dense", tiny_dense(), &[][..]), ("moe", tiny_moe(), &[][..])] {
+    // Dense: one update. MoE (routing recorded and replayed): two updates (one per group, both
+    // with a learning signal), so the second is scored on the ranks' shards after the first.
+    // 5 trajectories (odd), one of them in two segments, over micro-batches of 40 tokens.
+    for (name, ckpt, extra_opts) in [
+        ("dense", tiny_dense(), &[][..]),
+        ("moe", tiny_moe(), &["--updates", "2"][..]),
+    ] {
         let model = Model::load(&ckpt, Device::Cpu, None).unwrap();
         let input = tmp.path().join(format!("{name}.jsonl.zst"));
-        write_samples(&input, &moe_samples(&model));
+        let mut samples = moe_samples(&model);
+        assert_eq!(samples[4].trajectory_id, "e");
+        samples[4].reward = 0.0;
+        write_samples(&input, &samples);
         drop(model);
         let run = |tag: &str, opts: &[&str]| {
             let out = tmp.path().join(format!("{name}-{tag}"));
@@ -133,6 +156,11 @@ fn two_ranks_make_the_update_of_one_process() {
         };
         let (one, m1) = run("1rank", &[]);
         assert_eq!((extra(&m1, "world_size"), extra(&m1, "zero")), (1, 0));
+        let moved = max_weight_diff(&ckpt, &one);
+        assert!(
+            moved > 1e-5,
+            "{name}: the update moved the weights by only {moved}"
+        );
         for zero in ["0", "1"] {
             let (two, m2) = run(
                 &format!("2ranks-zero{zero}"),
@@ -174,10 +202,18 @@ fn two_rank_zero1_resumes_like_one_process_and_loads_in_transformers() {
     let (in1, in2) = (tmp.path().join("b1.jsonl.zst"), tmp.path().join("b2.jsonl.zst"));
     write_samples(&in1, &batch1);
     write_samples(&in2, &batch2);
-    let mut t = Trainer::load(&tiny_moe(), Device::Cpu, None).unwrap();
-    t.step(&batch1, &in1, &settings()).unwrap();
-    t.step(&batch2, &in2, &settings()).unwrap();
     let metrics = tmp.path().join("m.jsonl.zst");
+    // One process, two invocations (which equal two steps in one process: tests/it/train.rs).
+    let ref1 = tmp.path().join("ref-1");
+    let ref2 = tmp.path().join("ref-2");
+    ok(
+        &train_step(&tiny_moe(), &in1, &ref1, &tmp.path().join("r.jsonl.zst"), &[]),
+        "reference step 1",
+    );
+    ok(
+        &train_step(&ref1, &in2, &ref2, &tmp.path().join("r.jsonl.zst"), &[]),
+        "reference step 2",
+    );
     let two = ["--nproc-per-node", "2", "--zero", "1"];
     let s1 = tmp.path().join("step-1");
     ok(&train_step(&tiny_moe(), &in1, &s1, &metrics, &two), "step 1");
@@ -195,12 +231,8 @@ fn two_rank_zero1_resumes_like_one_process_and_loads_in_transformers() {
     let s2 = tmp.path().join("step-2");
     ok(&train_step(&s1, &in2, &s2, &metrics, &two), "step 2");
     let resumed = Model::load(&s2, Device::Cpu, None).unwrap();
-    let mut max = 0f64;
-    for ((na, a), (nb, b)) in t.model.named_variables().iter().zip(resumed.named_variables()) {
-        assert_eq!(na, &nb);
-        max = max.max((a - b).abs().max().double_value(&[]));
-    }
-    eprintln!("2 × 2-rank ZeRO-1 invocations vs 2 steps in one process: max |Δweight| {max:e}");
+    let max = max_weight_diff(&ref2, &s2);
+    eprintln!("2 × 2-rank ZeRO-1 invocations vs 2 one-process steps: max |Δweight| {max:e}");
     assert!(max <= 1e-6, "weights differ by {max}");
     assert_eq!(
         read_metrics(&metrics).len(),
@@ -243,6 +275,7 @@ fn two_rank_zero1_resumes_like_one_process_and_loads_in_transformers() {
 
 /// One rank of a 2-rank train-step started by hand (torchrun's variables).
 fn rank(r: usize, port: u16, input: &Path, out: &Path, timeout: &str) -> Command {
+    // (OPTS and the thread count do not matter here: these steps must not finish.)
     let mut c = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"));
     c.args(["-v", "train-step", "--checkpoint"])
         .arg(tiny_moe())
@@ -250,7 +283,7 @@ fn rank(r: usize, port: u16, input: &Path, out: &Path, timeout: &str) -> Command
         .arg(input)
         .arg("--out")
         .arg(out)
-        .args(CLI_OPTS)
+        .args(OPTS)
         .args(["--dist-timeout", timeout])
         .env("NO_COLOR", "1")
         .env("RANK", r.to_string())
