@@ -87,7 +87,12 @@ fn compile_shim(torch: &Path) {
         .define("USE_C10D_GLOO", None)
         .file("src/dist/shim.cpp");
     if std::env::var_os("CARGO_FEATURE_NCCL").is_some() {
-        // NCCL and CUDA headers come from the nvidia-* wheels beside torch.
+        // ProcessGroupNCCL.hpp needs CUDA's headers: a CUDA toolkit's (CUDA_HOME, default
+        // /usr/local/cuda; the runtime wheels lack crt/ and libcu++), then NCCL's from the
+        // nvidia-nccl wheel beside torch.
+        println!("cargo:rerun-if-env-changed=CUDA_HOME");
+        let cuda = std::env::var("CUDA_HOME").unwrap_or_else(|_| "/usr/local/cuda".into());
+        build.include(Path::new(&cuda).join("include"));
         if let Some(site) = torch.parent() {
             for inc in nvidia_lib_dirs(&site.join("nvidia")) {
                 build.include(inc.with_file_name("include"));

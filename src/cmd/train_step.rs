@@ -247,6 +247,9 @@ fn launch(n: usize) -> anyhow::Result<Outcome> {
         }
     }
     let outcome = run_local(n, &args)?;
+    if let Some(sig) = outcome.interrupted {
+        anyhow::bail!("train-step on {n} ranks was interrupted (signal {sig}, forwarded to every rank)");
+    }
     match (outcome.code, outcome.first_failure) {
         (0, _) => Ok(Outcome::Ok),
         (1, _) => Ok(Outcome::Failures),

@@ -41,6 +41,8 @@ pub struct LaunchOutcome {
     pub code: i32,
     /// The first rank that failed, with how.
     pub first_failure: Option<(usize, String)>,
+    /// The SIGINT/SIGTERM that arrived and was forwarded to every rank.
+    pub interrupted: Option<i32>,
 }
 
 fn free_port() -> Result<u16, LaunchError> {
@@ -115,6 +117,7 @@ pub fn run_local(nproc: usize, args: &[OsString]) -> Result<LaunchOutcome, Launc
     let mut outcome = LaunchOutcome {
         code: 0,
         first_failure: None,
+        interrupted: None,
     };
     let mut forwarded = 0;
     while children.iter().any(Option::is_some) {
@@ -129,7 +132,7 @@ pub fn run_local(nproc: usize, args: &[OsString]) -> Result<LaunchOutcome, Launc
                 continue;
             };
             *slot = None;
-            if status.success() || outcome.first_failure.is_some() {
+            if status.success() || outcome.first_failure.is_some() || forwarded != 0 {
                 continue;
             }
             use std::os::unix::process::ExitStatusExt;
@@ -139,10 +142,8 @@ pub fn run_local(nproc: usize, args: &[OsString]) -> Result<LaunchOutcome, Launc
                 _ => (2, "ended".to_string()),
             };
             crate::stderr_line!("lego-rl: rank {rank} {how}; ending the other ranks");
-            outcome = LaunchOutcome {
-                code,
-                first_failure: Some((rank, how)),
-            };
+            outcome.code = code;
+            outcome.first_failure = Some((rank, how));
         }
         if outcome.first_failure.is_some() {
             end_all(&mut children);
@@ -152,8 +153,9 @@ pub fn run_local(nproc: usize, args: &[OsString]) -> Result<LaunchOutcome, Launc
     for p in pumps {
         let _ = p.join();
     }
-    if forwarded != 0 && outcome.code == 0 {
+    if forwarded != 0 {
         outcome.code = 2;
+        outcome.interrupted = Some(forwarded);
     }
     Ok(outcome)
 }

@@ -344,6 +344,41 @@ fn a_dead_rank_or_a_wrong_port_fails_the_step_and_writes_nothing() {
     assert!(err.contains("(gloo) failed within 3s"), "{err}");
     assert!(!out.exists());
 
+    // SIGTERM to the launcher reaches every rank; it exits 2 and nothing is written.
+    let mut launcher = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
+        .args(["-v", "train-step", "--nproc-per-node", "2", "--checkpoint"])
+        .arg(tiny_moe())
+        .arg("-i")
+        .arg(&input)
+        .arg("--out")
+        .arg(&out)
+        .args(OPTS)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(launcher.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        seen += &l;
+        seen += "\n";
+        if l.starts_with("[rank 1]") && l.contains("joined the process group") {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) };
+    seen.extend(lines.map(|l| l.unwrap() + "\n"));
+    let status = launcher.wait().unwrap();
+    assert_eq!(status.code(), Some(2), "{seen}");
+    assert!(
+        seen.contains("was interrupted (signal 15, forwarded to every rank)"),
+        "{seen}"
+    );
+    assert!(!out.exists(), "{seen}");
+
     // Through the launcher: a rank's error is prefixed with its rank, and the exit code is 2.
     let bad = tmp.path().join("missing.jsonl.zst");
     let metrics = tmp.path().join("m.jsonl.zst");
