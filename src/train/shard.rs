@@ -99,7 +99,9 @@ pub fn defined_anywhere(pg: &ProcessGroup, params: &[(String, Tensor)]) -> Resul
 }
 
 /// `--zero 0`: the gradients summed over ranks, all-reduced in buckets of at most
-/// `bucket_elems` elements of one dtype; `None` where no rank has a gradient.
+/// `bucket_elems` elements of one dtype; `None` where no rank has a gradient. The sums land in
+/// the parameters' own `.grad` (one bucket's copy alive at a time), except for a parameter this
+/// rank has no gradient for, which gets a tensor of its own.
 pub fn all_reduce_grads(
     pg: &ProcessGroup,
     params: &[(String, Tensor)],
@@ -107,6 +109,11 @@ pub fn all_reduce_grads(
     bucket_elems: i64,
 ) -> Result<Vec<Option<Tensor>>, DistError> {
     let _g = tch::no_grad_guard();
+    let local = |p: &Tensor| Some(p.grad()).filter(Tensor::defined);
+    if pg.world_size() <= 1 {
+        // Nothing to sum: the gradients as they are, without a copy.
+        return Ok(params.iter().map(|(_, p)| local(p)).collect());
+    }
     let mut buckets: Vec<Vec<usize>> = Vec::new();
     let mut used = 0i64;
     for (i, (_, p)) in params.iter().enumerate() {
@@ -150,7 +157,14 @@ pub fn all_reduce_grads(
         for &i in &b {
             let p = &params[i].1;
             let n = p.numel() as i64;
-            out[i] = Some(flat.narrow(0, off, n).view(p.size().as_slice()));
+            let sum = flat.narrow(0, off, n).view(p.size().as_slice());
+            out[i] = Some(match local(p) {
+                Some(mut g) => {
+                    g.copy_(&sum);
+                    g
+                }
+                None => sum.copy(),
+            });
             off += n;
         }
     }
