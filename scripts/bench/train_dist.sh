@@ -3,7 +3,9 @@
 # same samples, same checkpoint: optimizer-state and gradient bytes per rank, from the step
 # metrics' own accounting (extra.optimizer_state_bytes, extra.gradient_bytes), the step's time
 # (metrics `seconds`: the step without loading, and the whole invocation's wall time), and the
-# ratios to 1 rank. Goal: ZeRO-1 optimizer state per rank ≤ 0.55× of 1 rank's at N = 2. On a
+# ratios to 1 rank. Gradient bytes are the parameters' .grad (full size on every rank) plus the
+# reduced 1/N chunks ZeRO-1 keeps; ZeRO-1 shards the optimizer state, not the gradients.
+# Goal: ZeRO-1 optimizer state per rank ≤ 0.55× of 1 rank's at N = 2. On a
 # 2-core machine two ranks share the cores, so the time ratio is reported, with no goal.
 # Usage: scripts/bench/train_dist.sh [N_SEQS] [LEN] (defaults 16 sequences of 256 tokens, half
 # scored, groups of 4). CKPT=DIR picks the checkpoint (default: the tiny Qwen3-MoE).
@@ -41,5 +43,5 @@ line() {
 line "1 rank" "$one_opt" "$one_grad" "$one_s" "$one_wall"
 line "2 ranks, --zero 0" "$z0_opt" "$z0_grad" "$z0_s" "$z0_wall"
 line "2 ranks, --zero 1" "$z1_opt" "$z1_grad" "$z1_s" "$z1_wall"
-printf '  ratios to 1 rank: --zero 1 optimizer state %.3fx (goal <= 0.55), gradients %.3fx; step time --zero 0 %.2fx, --zero 1 %.2fx\n' \
+printf '  ratios to 1 rank: --zero 1 optimizer state %.3fx (goal <= 0.55), gradient bytes %.3fx; step time --zero 0 %.2fx, --zero 1 %.2fx\n' \
   "$(ratio "$z1_opt" "$one_opt")" "$(ratio "$z1_grad" "$one_grad")" "$(ratio "$z0_s" "$one_s")" "$(ratio "$z1_s" "$one_s")"

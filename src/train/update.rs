@@ -91,17 +91,17 @@ impl Trainer {
         Ok(())
     }
 
-    /// Records the world and this rank's optimizer-state and gradient-sync bytes in `m.extra`.
+    /// Records the world and this rank's optimizer-state and gradient bytes in `m.extra`:
+    /// `gradient_bytes` counts the parameters' own `.grad` (full size on every rank: the backward
+    /// fills them before any collective runs) plus, under ZeRO-1, the reduced chunks it keeps.
     pub(super) fn memory_metrics(&self, m: &mut StepMetrics, params: &[(String, Tensor)], pg: &ProcessGroup) {
+        let local: u64 = params
+            .iter()
+            .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes()) as u64)
+            .sum();
         let (state, grads) = match &self.zero {
-            Some(z) => (z.state_bytes(), z.grad_bytes()),
-            None => (
-                self.opt.state_bytes(),
-                params
-                    .iter()
-                    .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes()) as u64)
-                    .sum(),
-            ),
+            Some(z) => (z.state_bytes(), local + z.grad_bytes()),
+            None => (self.opt.state_bytes(), local),
         };
         for (k, v) in [
             ("world_size", pg.world_size() as u64),
