@@ -7,6 +7,8 @@
 # TASKS / IMAGES: the filtered task list and the build-images manifest (images must exist on every CPU
 #   node's Docker engine: run build-images on each node once, or point DOCKER_HOST at a shared engine).
 # HARNESS: the harness adapter; SHARDS: rollout array size; GROUP_SIZE: trials per task.
+# TRAIN_NODES / TRAIN_TASKS_PER_NODE: train-step on TRAIN_NODES nodes × TRAIN_TASKS_PER_NODE GPUs
+#   (one rank per GPU, data parallel with ZeRO-1; see `man lego-rl-train-step`); 1 × 1 by default.
 # BACKEND: where rollout nodes get tokens: the vLLM server job writes its URL to $RUN/server.url;
 #   set LEGO_RL_BACKEND (e.g. embedded:$RUN/checkpoints/step-000000) to use the embedded engine instead.
 : "${LEGO_RL_HOME:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
@@ -20,6 +22,8 @@
 : "${ROLLOUT_ARGS:=}"
 : "${TRAIN_ARGS:=}"
 : "${TRAIN_DEVICE:=cuda}"
+: "${TRAIN_NODES:=1}"
+: "${TRAIN_TASKS_PER_NODE:=1}"
 step_name() { printf 'step-%06d' "$1"; }
 backend() {
   if [ -n "${LEGO_RL_BACKEND:-}" ]; then

@@ -13,6 +13,12 @@ dep=()
 array=$(sbatch --parsable "${dep[@]}" --array="0-$((SHARDS - 1))" --export="ALL,STEP=$step" \
   "$here/rollout-array.sbatch")
 array=${array%%;*}
-train=$(sbatch --parsable --dependency="afterok:$array" --export="ALL,STEP=$step" "$here/train.sbatch")
+train_opts=()
+if [ "$((TRAIN_NODES * TRAIN_TASKS_PER_NODE))" -gt 1 ]; then
+  # One task per GPU on every node; train.sbatch starts train-step with srun on all of them.
+  train_opts=(--nodes="$TRAIN_NODES" --ntasks-per-node="$TRAIN_TASKS_PER_NODE" --gres="gpu:$TRAIN_TASKS_PER_NODE")
+fi
+train=$(sbatch --parsable "${train_opts[@]}" --dependency="afterok:$array" --export="ALL,STEP=$step" \
+  "$here/train.sbatch")
 echo "step $step: rollout array $array, train $train"
 echo "$train" >"$RUN/step-$step.jobid"

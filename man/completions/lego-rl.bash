@@ -639,7 +639,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__train__subcmd__step)
-            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --seed --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -734,6 +734,26 @@ _lego__rl() {
                     return 0
                     ;;
                 --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --nproc-per-node)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zero)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dist-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dist-backend)
+                    COMPREPLY=($(compgen -W "gloo nccl" -- "${cur}"))
+                    return 0
+                    ;;
+                --bucket-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

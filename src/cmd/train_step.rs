@@ -1,12 +1,15 @@
 //! `lego-rl train-step`: one GSPO update with MoE routing replay.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
 use crate::cli::GlobalArgs;
+use crate::dist::{launch::run_local, Backend, ProcessGroup};
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::model::{parse_device, parse_kind, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
@@ -19,9 +22,18 @@ use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings
 /// checkpoint (plus optimizer state and lego-rl.json, so the next step resumes exactly) and
 /// appends one step-metrics record. Nothing is written to --out unless the step succeeds.
 ///
+/// Many ranks (data parallel, the same update as one process on the whole batch): start N local
+/// ranks with --nproc-per-node N, or start one process per GPU with torchrun or srun (RANK,
+/// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; or SLURM_PROCID, SLURM_NTASKS,
+/// SLURM_LOCALID and the job's first node). Rendezvous and collectives are libtorch's c10d
+/// (Gloo on CPU, NCCL on CUDA); --zero 1 (the default on many ranks) shards AdamW's moments.
+///
 /// Example:
 ///   lego-rl train-step --checkpoint run/checkpoints/step-000000 -i run/samples/step-000000.jsonl.zst \
 ///       --out run/checkpoints/step-000001 --metrics run/metrics.jsonl.zst
+///
+///   # 8 GPUs of one machine; or under Slurm: srun --ntasks-per-node 8 --gpus-per-task 1 lego-rl train-step ...
+///   lego-rl train-step --nproc-per-node 8 --device cuda --checkpoint ... -i ... --out ...
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
@@ -103,12 +115,63 @@ pub struct TrainStepArgs {
     /// Seed of torch's generator.
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
+    /// Start N ranks of this command on this machine (like `torchrun --standalone`): a free local
+    /// port for the rendezvous, stderr lines prefixed `[rank R]`, SIGINT/SIGTERM forwarded, and
+    /// all ranks ended when one fails. With --device cuda, rank R uses cuda:R.
+    #[arg(long, value_name = "N", help_heading = "Distributed")]
+    pub nproc_per_node: Option<usize>,
+    /// ZeRO stage: 1 = each rank keeps the AdamW moments of 1/N of the parameters (gradients
+    /// reduce-scatter, updated parameters all-gather); 0 = every rank keeps all (gradients
+    /// all-reduce). Default: 1 on many ranks, 0 in one process. Resuming ZeRO-1 state needs the
+    /// same world size.
+    #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(0..=1), help_heading = "Distributed")]
+    pub zero: Option<u8>,
+    /// Seconds any rendezvous or collective may wait for the other ranks; a rank that died or
+    /// hangs makes the others fail with an error after at most this long.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 600,
+        help_heading = "Distributed"
+    )]
+    pub dist_timeout: u64,
+    /// c10d backend; default: nccl with --device cuda, else gloo.
+    #[arg(long, value_enum, help_heading = "Distributed")]
+    pub dist_backend: Option<Backend>,
+    /// Size of one gradient bucket (one all-reduce or reduce-scatter), in MiB of fp32.
+    #[arg(long, value_name = "MIB", default_value_t = 25, help_heading = "Distributed")]
+    pub bucket_mb: u64,
 }
 
 /// Runs `train-step`.
 pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let device = parse_device(&args.device)
+    let mut device = parse_device(&args.device)
         .with_context(|| format!("--device {}: expected cpu, cuda or cuda:N", args.device))?;
+    if let Some(n) = args.nproc_per_node.filter(|_| std::env::var_os("RANK").is_none()) {
+        anyhow::ensure!(n >= 1, "--nproc-per-node 0: need at least one rank");
+        if args.input == Path::new("-") {
+            anyhow::bail!("--input -: every rank reads the samples itself; give a file");
+        }
+        return launch(n);
+    }
+    let backend = args.dist_backend.unwrap_or(if device.is_cuda() {
+        Backend::Nccl
+    } else {
+        Backend::Gloo
+    });
+    let pg = ProcessGroup::from_env(backend, Duration::from_secs(args.dist_timeout.max(1)))?;
+    if pg.world_size() > 1 {
+        if args.input == Path::new("-") {
+            anyhow::bail!("--input -: every rank reads the samples itself; give a file");
+        }
+        if args.device == "cuda" {
+            // One GPU per rank: all of the node's GPUs visible (torchrun, the launcher) → the
+            // local rank's; one per task (srun --gpus-per-task 1) → that one.
+            let visible = tch::Cuda::device_count().max(1) as usize;
+            device = tch::Device::Cuda(pg.local_rank() % visible);
+        }
+        tracing::info!(rank = pg.rank(), world_size = pg.world_size(), %backend, ?device, "joined the process group");
+    }
     let kind = args
         .dtype
         .as_deref()
@@ -126,6 +189,8 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,
         freeze: args.freeze,
+        zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
+        bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
         optim: AdamWConfig {
             lr: args.lr,
             min_lr: args.min_lr,
@@ -147,8 +212,11 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
     )?;
     let mut trainer = Trainer::load(&args.checkpoint, device, kind)
         .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
-    let metrics = trainer.step(&samples, &args.input, &settings)?;
-    trainer.save_atomic(&args.out)?;
+    let metrics = trainer.step_on(&samples, &args.input, &settings, &pg)?;
+    trainer.save_atomic_on(&args.out, &pg)?;
+    if pg.rank() != 0 {
+        return Ok(Outcome::Ok);
+    }
     tracing::info!(
         step = metrics.step,
         loss = metrics.loss,
@@ -162,4 +230,30 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         w.commit()?;
     }
     Ok(Outcome::Ok)
+}
+
+/// `--nproc-per-node N`: this command line, minus that option, on N local ranks.
+fn launch(n: usize) -> anyhow::Result<Outcome> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut skip = false;
+    for a in std::env::args_os().skip(1) {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        match a.to_str() {
+            Some("--nproc-per-node") => skip = true,
+            Some(s) if s.starts_with("--nproc-per-node=") => {}
+            _ => args.push(a),
+        }
+    }
+    let outcome = run_local(n, &args)?;
+    if let Some(sig) = outcome.interrupted {
+        anyhow::bail!("train-step on {n} ranks was interrupted (signal {sig}, forwarded to every rank)");
+    }
+    match (outcome.code, outcome.first_failure) {
+        (0, _) => Ok(Outcome::Ok),
+        (1, _) => Ok(Outcome::Failures),
+        (_, Some((rank, how))) => anyhow::bail!("train-step on {n} ranks failed: rank {rank} {how}"),
+        (_, None) => anyhow::bail!("train-step on {n} ranks was interrupted"),
+    }
 }

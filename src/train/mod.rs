@@ -6,12 +6,17 @@
 //! - [`batch`]: sample validation, trajectories, groups, micro-batching.
 //! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
+//! - [`shard`], [`zero`]: the same step on many ranks (data parallel; ZeRO-1 optimizer state).
 
 pub mod batch;
 pub mod gspo;
 mod metrics;
 pub mod optim;
+mod save;
+pub mod shard;
 pub mod trainer;
+mod update;
+pub mod zero;
 
 use std::path::PathBuf;
 
@@ -43,4 +48,6 @@ pub enum TrainError {
     NonFinite { what: &'static str, value: f64 },
     #[error("{0}")]
     Torch(#[from] tch::TchError),
+    #[error(transparent)]
+    Dist(#[from] crate::dist::DistError),
 }

@@ -79,6 +79,29 @@ pub struct AdamW {
     exp_avg_sq: BTreeMap<String, Tensor>,
 }
 
+/// One AdamW update of fp32 values `pf` with gradient `g`, moments `m`/`v` updated in place
+/// (PyTorch's order: decay, moments, bias-corrected step). Elementwise, so ZeRO applies it to any
+/// slice of a parameter and gets the same numbers.
+#[expect(clippy::too_many_arguments, reason = "the update's inputs, all of them")]
+pub(crate) fn adamw_update(
+    mut pf: Tensor,
+    g: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    decay: bool,
+    lr: f64,
+    (bc1, bc2): (f64, f64),
+    cfg: &AdamWConfig,
+) -> Tensor {
+    if cfg.weight_decay > 0.0 && decay {
+        pf *= 1.0 - lr * cfg.weight_decay;
+    }
+    let _ = m.lerp_(g, 1.0 - cfg.beta1);
+    let _ = v.g_mul_scalar_(cfg.beta2).g_add_(&(g * g * (1.0 - cfg.beta2)));
+    let denom = v.sqrt() / bc2.sqrt() + cfg.eps;
+    pf - (&*m / denom) * (lr / bc1)
+}
+
 /// `trainer_state.json`.
 #[derive(Debug, Serialize, Deserialize)]
 struct TrainerState {
@@ -91,35 +114,82 @@ const COUNTER_FILE: &str = "trainer_state.json";
 impl AdamW {
     /// Applies one update with the gradients currently stored on `params`; returns the lr used.
     pub fn step(&mut self, cfg: &AdamWConfig, params: &[(String, Tensor)]) -> f64 {
-        let lr = cfg.lr_at(self.steps);
-        self.steps += 1;
-        let t = self.steps as i32;
-        let bc1 = 1.0 - cfg.beta1.powi(t);
-        let bc2 = 1.0 - cfg.beta2.powi(t);
+        let grads: Vec<Option<Tensor>> = params
+            .iter()
+            .map(|(_, p)| Some(p.grad()).filter(Tensor::defined))
+            .collect();
+        self.step_grads(cfg, params, &grads)
+    }
+
+    /// Applies one update with `grads[i]` for `params[i]` (`None`: the parameter got no gradient
+    /// and is left alone, moments included); returns the lr used.
+    pub fn step_grads(
+        &mut self,
+        cfg: &AdamWConfig,
+        params: &[(String, Tensor)],
+        grads: &[Option<Tensor>],
+    ) -> f64 {
+        let (lr, bc) = self.advance(cfg);
         let _guard = tch::no_grad_guard();
-        for (name, p) in params {
-            let g = p.grad();
-            if !g.defined() {
-                continue;
-            }
+        for ((name, p), g) in params.iter().zip(grads) {
+            let Some(g) = g else { continue };
             let g = g.to_kind(Kind::Float);
             let m = self.exp_avg.entry(name.clone()).or_insert_with(|| g.zeros_like());
             let v = self
                 .exp_avg_sq
                 .entry(name.clone())
                 .or_insert_with(|| g.zeros_like());
-            let mut pf = p.to_kind(Kind::Float);
-            if cfg.weight_decay > 0.0 && p.dim() > 1 {
-                pf *= 1.0 - lr * cfg.weight_decay;
-            }
-            let _ = m.lerp_(&g, 1.0 - cfg.beta1);
-            let _ = v.g_mul_scalar_(cfg.beta2).g_add_(&(&g * &g * (1.0 - cfg.beta2)));
-            let denom = v.sqrt() / bc2.sqrt() + cfg.eps;
-            let new = pf - (&*m / denom) * (lr / bc1);
+            let new = adamw_update(p.to_kind(Kind::Float), &g, m, v, p.dim() > 1, lr, bc, cfg);
             let mut p = p.shallow_clone();
             p.copy_(&new.to_kind(p.kind()));
         }
         lr
+    }
+
+    /// Counts one optimizer step; returns its lr and bias corrections (1 − β₁ᵗ, 1 − β₂ᵗ).
+    pub(crate) fn advance(&mut self, cfg: &AdamWConfig) -> (f64, (f64, f64)) {
+        let lr = cfg.lr_at(self.steps);
+        self.steps += 1;
+        let t = self.steps as i32;
+        (lr, (1.0 - cfg.beta1.powi(t), 1.0 - cfg.beta2.powi(t)))
+    }
+
+    /// The full moments of `name`, when it has any (ZeRO re-shards them).
+    pub(crate) fn moments(&self, name: &str) -> Option<(&Tensor, &Tensor)> {
+        Some((self.exp_avg.get(name)?, self.exp_avg_sq.get(name)?))
+    }
+
+    /// True when moments were loaded or accumulated.
+    pub(crate) fn has_moments(&self) -> bool {
+        !self.exp_avg.is_empty()
+    }
+
+    /// Writes only the step counter (the moments are sharded, see [`super::zero`]).
+    pub fn save_counter(&self, dir: &Path) -> Result<(), TrainError> {
+        let path = dir.join(COUNTER_FILE);
+        let state = TrainerState {
+            optimizer_steps: self.steps,
+        };
+        let text = serde_json::to_string_pretty(&state).expect("invariant: state serializes");
+        std::fs::write(&path, text + "\n").map_err(|e| TrainError::OptimizerState {
+            path,
+            msg: e.to_string(),
+        })
+    }
+
+    /// Bytes of the moments held.
+    pub fn state_bytes(&self) -> u64 {
+        self.exp_avg
+            .values()
+            .chain(self.exp_avg_sq.values())
+            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
+
+    /// Drops the moments (after ZeRO took its chunks of them).
+    pub(crate) fn clear_moments(&mut self) {
+        self.exp_avg.clear();
+        self.exp_avg_sq.clear();
     }
 
     /// Writes the state into checkpoint directory `dir`.
@@ -164,6 +234,10 @@ impl AdamW {
             steps: state.optimizer_steps,
             ..AdamW::default()
         };
+        if !path.exists() && super::zero::saved_layout(dir)?.is_some() {
+            // Moments sharded by --zero 1: the trainer loads this rank's chunks.
+            return Ok(opt);
+        }
         for (name, t) in Tensor::read_safetensors(&path).map_err(|e| bad(&path, e.to_string()))? {
             let t = t.to_device(device);
             if let Some(p) = name.strip_prefix("exp_avg_sq.") {

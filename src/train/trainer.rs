@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::model::{AttnMask, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
 use crate::records::{Record, Sample, StepMetrics};
@@ -21,7 +21,12 @@ use super::batch::{micro_batches, Batch, Seq};
 use super::gspo::{coefficients, LossKind, TrajTerm};
 use super::metrics::{mean_std, median, pearson};
 use super::optim::{AdamW, AdamWConfig};
+use super::shard::{combine_per_seq, shard, sum_scalars};
+use super::zero::{ZeroAdamW, ZeroLayout};
 use super::TrainError;
+use crate::dist::ProcessGroup;
+
+pub use super::save::check_out;
 
 /// Resolved options of one step.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,7 +56,15 @@ pub struct Settings {
     /// parameters train.
     pub freeze: Option<String>,
     pub optim: AdamWConfig,
+    /// ZeRO stage 1: each rank keeps the AdamW moments of its 1/N of the parameters
+    /// ([`super::zero`]); off, every rank keeps all of them.
+    pub zero: bool,
+    /// Elements per gradient bucket (one all-reduce or reduce-scatter each).
+    pub bucket_elems: i64,
 }
+
+/// Default gradient bucket: 25 MiB of fp32, as PyTorch DDP.
+pub const DEFAULT_BUCKET_ELEMS: i64 = 25 * 1024 * 1024 / 4;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -68,6 +81,8 @@ impl Default for Settings {
             adv_eps: 1e-6,
             freeze: None,
             optim: AdamWConfig::default(),
+            zero: false,
+            bucket_elems: DEFAULT_BUCKET_ELEMS,
         }
     }
 }
@@ -88,15 +103,20 @@ pub struct CheckpointInfo {
     pub samples_this_step: u64,
 }
 
-const INFO_FILE: &str = "lego-rl.json";
+pub(super) const INFO_FILE: &str = "lego-rl.json";
 
 /// A model with its optimizer state, ready to take steps.
 #[derive(Debug)]
 pub struct Trainer {
     pub model: Model,
+    /// The step counter, and the moments unless `zero` holds them.
     pub opt: AdamW,
     pub info: CheckpointInfo,
-    source: Option<PathBuf>,
+    pub(super) source: Option<PathBuf>,
+    /// This rank's ZeRO-1 optimizer state (`Settings::zero`), laid out at the first step.
+    pub(super) zero: Option<ZeroAdamW>,
+    /// The ZeRO layout saved in the loaded checkpoint, when it has one.
+    pub(super) zero_saved: Option<ZeroLayout>,
 }
 
 /// Per-micro-batch results of a forward.
@@ -140,72 +160,9 @@ impl Trainer {
             opt: AdamW::default(),
             info: CheckpointInfo::default(),
             source: None,
+            zero: None,
+            zero_saved: None,
         }
-    }
-
-    /// Loads a checkpoint and, when present, its optimizer state and `lego-rl.json`.
-    pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, TrainError> {
-        let model = Model::load(dir, device, kind)?;
-        let opt = AdamW::load(dir, device)?;
-        let info_path = dir.join(INFO_FILE);
-        let info = if info_path.is_file() {
-            let text = std::fs::read_to_string(&info_path).map_err(|e| TrainError::OptimizerState {
-                path: info_path.clone(),
-                msg: e.to_string(),
-            })?;
-            serde_json::from_str(&text).map_err(|e| TrainError::OptimizerState {
-                path: info_path.clone(),
-                msg: e.to_string(),
-            })?
-        } else {
-            CheckpointInfo::default()
-        };
-        Ok(Trainer {
-            model,
-            opt,
-            info,
-            source: Some(dir.to_path_buf()),
-        })
-    }
-
-    /// Writes the checkpoint, optimizer state and `lego-rl.json` into existing directory `dir`.
-    pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
-        self.model.save(dir)?;
-        self.opt.save(dir)?;
-        let path = dir.join(INFO_FILE);
-        let text = serde_json::to_string_pretty(&self.info).expect("invariant: info serializes");
-        std::fs::write(&path, text + "\n").map_err(|e| TrainError::Output {
-            path,
-            msg: e.to_string(),
-        })
-    }
-
-    /// Saves into a temp dir beside `out`, then renames it to `out`: a failure leaves nothing
-    /// under `out`. `out` must not exist or be an empty directory.
-    pub fn save_atomic(&self, out: &Path) -> Result<(), TrainError> {
-        let fail = |msg: String| TrainError::Output {
-            path: out.to_path_buf(),
-            msg,
-        };
-        check_out(out)?;
-        let parent = match out.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&parent).map_err(|e| fail(format!("cannot create parent: {e}")))?;
-        let tmp = tempfile::Builder::new()
-            .prefix(".lego-rl-ckpt-")
-            .tempdir_in(&parent)
-            .map_err(|e| fail(format!("cannot create temp dir: {e}")))?;
-        self.save(tmp.path())?;
-        if out.is_dir() {
-            std::fs::remove_dir(out).map_err(|e| fail(e.to_string()))?;
-        }
-        let tmp = tmp.keep();
-        std::fs::rename(&tmp, out).map_err(|e| {
-            let _ = std::fs::remove_dir_all(&tmp);
-            fail(format!("cannot rename into place: {e}"))
-        })
     }
 
     /// The packed input tensors of micro-batch `mb` (its sequences concatenated into one row).
@@ -294,16 +251,19 @@ impl Trainer {
         budget: usize,
         extras: bool,
         chunk: Option<usize>,
-    ) -> (Vec<Vec<f64>>, Vec<f64>, (i64, i64)) {
+    ) -> Scored {
         let _g = tch::no_grad_guard();
         let mut per_seq = vec![Vec::new(); batch.seqs.len()];
-        let mut entropy = Vec::new();
+        // (Σ entropy, count) of the sampled positions.
+        let mut entropy = (0.0, 0.0);
         let mut overlap = (0, 0);
         for mb in micro_batches(&batch.seqs, idx, budget) {
             let out = self.forward(batch, &mb, extras, chunk);
             let lp = Vec::<f64>::try_from(out.lp.to_kind(Kind::Double)).expect("invariant: 1-d f64");
             if let Some(e) = out.entropy {
-                entropy.extend(Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64"));
+                let e = Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64");
+                entropy.0 += e.iter().sum::<f64>();
+                entropy.1 += e.len() as f64;
             }
             overlap.0 += out.overlap.0;
             overlap.1 += out.overlap.1;
@@ -317,18 +277,47 @@ impl Trainer {
         (per_seq, entropy, overlap)
     }
 
-    /// Runs one training step on `samples` (read from `path`, for error messages).
+    /// Runs one training step on `samples` (read from `path`, for error messages) in this
+    /// process alone.
     pub fn step(&mut self, samples: &[Sample], path: &Path, s: &Settings) -> Result<StepMetrics, TrainError> {
+        self.step_on(samples, path, s, &ProcessGroup::single())
+    }
+
+    /// Runs this rank's part of one training step of `pg` on `samples` (every rank passes the
+    /// same): the same update as one process on the whole batch.
+    pub fn step_on(
+        &mut self,
+        samples: &[Sample],
+        path: &Path,
+        s: &Settings,
+        pg: &ProcessGroup,
+    ) -> Result<StepMetrics, TrainError> {
         let started = Instant::now();
         let cfg = self.model.cfg().clone();
         let batch = Batch::new(samples, &cfg, self.model.lm.moe_layers(), path, s.adv_eps)?;
         let all: Vec<usize> = (0..batch.seqs.len()).collect();
-        // Before any forward pass: a bad --freeze pattern fails at once.
+        // Before any forward pass: a bad --freeze pattern or optimizer state fails at once.
         let all_params = self.model.named_variables();
         let params = trainable(&all_params, s.freeze.as_deref())?;
+        self.prepare_optimizer(&params, s, pg)?;
         let budget = s.micro_batch_tokens.max(1);
-        // Pass 1: π_old with replayed routing, plus diagnostics.
-        let (old, entropy, overlap) = self.score(&batch, &all, budget, true, s.logprob_chunk);
+        let (world, rank) = (pg.world_size(), pg.rank());
+        // Pass 1: π_old with replayed routing, plus diagnostics, each rank on its shard.
+        let (mine, ent, overlap) = self.score(
+            &batch,
+            &shard(&batch, &all, world, rank),
+            budget,
+            true,
+            s.logprob_chunk,
+        );
+        let old = combine_per_seq(pg, &batch, &all, mine, "π_old log-probs (pass 1)")?;
+        let d = sum_scalars(
+            pg,
+            &[ent.0, ent.1, overlap.0 as f64, overlap.1 as f64],
+            "pass-1 diagnostics",
+        )?;
+        let entropy = (d[1] > 0.0).then(|| d[0] / d[1]);
+        let overlap = (d[2] as i64, d[3] as i64);
         tracing::debug!(
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
@@ -349,10 +338,18 @@ impl Trainer {
                 .copied()
                 .filter(|&i| in_chunk[batch.seqs[i].traj])
                 .collect();
+            let my_idx = shard(&batch, &idx, world, rank);
             let cur = if u == 0 {
                 old.clone()
             } else {
-                self.score(&batch, &idx, budget, false, s.logprob_chunk).0
+                let mine = self.score(&batch, &my_idx, budget, false, s.logprob_chunk).0;
+                combine_per_seq(
+                    pg,
+                    &batch,
+                    &idx,
+                    mine,
+                    &format!("log-probs before update {}", u + 1),
+                )?
             };
             let mut terms: Vec<TrajTerm> = batch
                 .trajs
@@ -403,7 +400,7 @@ impl Trainer {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
-            for mb in micro_batches(&batch.seqs, &idx, budget) {
+            for mb in micro_batches(&batch.seqs, &my_idx, budget) {
                 let mut coef = Vec::new();
                 for &i in &mb {
                     let seq = &batch.seqs[i];
@@ -432,30 +429,9 @@ impl Trainer {
                     let _lp = head(&lm.forward(&inp.forward_input(), None).hidden);
                 }
             }
-            let norm = grad_norm(&params);
-            if !norm.is_finite() {
-                return Err(TrainError::NonFinite {
-                    what: "gradient norm",
-                    value: norm,
-                });
-            }
+            let (norm, lr) = self.sync_and_update(&params, s, pg)?;
             grad_norms.push(norm);
-            if s.max_grad_norm > 0.0 && norm > s.max_grad_norm {
-                let scale = s.max_grad_norm / (norm + 1e-6);
-                let _g = tch::no_grad_guard();
-                for (_, p) in &params {
-                    let mut g = p.grad();
-                    if g.defined() {
-                        let _ = g.g_mul_scalar_(scale);
-                    }
-                }
-            }
-            tracing::debug!(
-                seconds = started.elapsed().as_secs_f64(),
-                update = u,
-                "gradients accumulated"
-            );
-            lr_used = Some(self.opt.step(&s.optim, &params));
+            lr_used = Some(lr);
             tracing::debug!(
                 seconds = started.elapsed().as_secs_f64(),
                 update = u,
@@ -463,11 +439,11 @@ impl Trainer {
             );
         }
         let elapsed = started.elapsed().as_secs_f64();
-        Ok(self.finish_metrics(
+        let mut m = self.finish_metrics(
             samples,
             &batch,
             &old,
-            &entropy,
+            entropy,
             overlap,
             Finished {
                 losses,
@@ -477,7 +453,9 @@ impl Trainer {
                 lr: lr_used.unwrap_or_else(|| s.optim.lr_at(self.opt.steps)),
                 elapsed,
             },
-        ))
+        );
+        self.memory_metrics(&mut m, &params, pg);
+        Ok(m)
     }
 
     fn finish_metrics(
@@ -485,7 +463,7 @@ impl Trainer {
         samples: &[Sample],
         batch: &Batch,
         old: &[Vec<f64>],
-        entropy: &[f64],
+        entropy: Option<f64>,
         overlap: (i64, i64),
         f: Finished,
     ) -> StepMetrics {
@@ -541,7 +519,7 @@ impl Trainer {
             ratio_max: f.ratios.iter().copied().reduce(f64::max),
             clip_fraction: (!f.ratios.is_empty()).then(|| f.clipped as f64 / f.ratios.len() as f64),
             grad_norm: f.grad_norms.iter().copied().reduce(f64::max),
-            entropy: mean(entropy),
+            entropy,
             reward_mean: rm,
             reward_std: rs,
             zero_variance_group_fraction: (!batch.groups.is_empty())
@@ -564,6 +542,10 @@ impl Trainer {
         }
     }
 }
+
+/// What [`Trainer::score`] returns: per-sequence log-probs (empty for sequences not scored),
+/// (Σ entropy, count) of the sampled positions, and (equal, compared) expert sets.
+type Scored = (Vec<Vec<f64>>, (f64, f64), (i64, i64));
 
 /// Results of the update loop that go into the metrics.
 struct Finished {
@@ -618,37 +600,4 @@ fn trainable(vars: &[(String, Tensor)], freeze: Option<&str>) -> Result<Vec<(Str
         frozen.join(", ")
     );
     Ok(params)
-}
-
-fn grad_norm(params: &[(String, Tensor)]) -> f64 {
-    let _g = tch::no_grad_guard();
-    let mut sq = 0.0;
-    for (_, p) in params {
-        let g = p.grad();
-        if g.defined() {
-            sq += g
-                .to_kind(Kind::Double)
-                .pow_tensor_scalar(2)
-                .sum(Kind::Double)
-                .double_value(&[]);
-        }
-    }
-    sq.sqrt()
-}
-
-/// Refuses an `--out` that already holds files (nothing is overwritten).
-pub fn check_out(out: &Path) -> Result<(), TrainError> {
-    if out.exists() {
-        let empty = out.is_dir()
-            && std::fs::read_dir(out)
-                .map(|mut d| d.next().is_none())
-                .unwrap_or(false);
-        if !empty {
-            return Err(TrainError::Output {
-                path: out.to_path_buf(),
-                msg: "already exists and is not an empty directory; refusing to overwrite".into(),
-            });
-        }
-    }
-    Ok(())
 }

@@ -12,7 +12,7 @@ use crate::common::lego;
 use crate::model::{seq_logprobs, tiny_dense, tiny_moe};
 
 /// A sample whose rollout log-probs and routing are the model's own (a perfect rollout engine).
-fn sample(
+pub fn sample(
     model: &Model,
     traj: &str,
     group: u64,
@@ -56,7 +56,7 @@ fn sample(
 /// Two groups of the MoE reference sequences: group 0 has rewards 1/0 plus an infra failure,
 /// group 1 is zero-variance; one trajectory is split into two segments. (Token ids wrap at the
 /// model's vocabulary, so the dense 4096-token checkpoint can use them too.)
-fn moe_samples(model: &Model) -> Vec<Sample> {
+pub fn moe_samples(model: &Model) -> Vec<Sample> {
     let vocab = model.cfg().vocab_size;
     let seqs: Vec<Vec<i64>> = (0..4)
         .map(|i| {
@@ -79,7 +79,7 @@ fn moe_samples(model: &Model) -> Vec<Sample> {
     v
 }
 
-fn write_samples(path: &Path, samples: &[Sample]) {
+pub fn write_samples(path: &Path, samples: &[Sample]) {
     let mut w = lego_rl::io::AtomicWriter::create(path).unwrap();
     for s in samples {
         w.write(s).unwrap();
@@ -87,11 +87,11 @@ fn write_samples(path: &Path, samples: &[Sample]) {
     w.finish().unwrap();
 }
 
-fn read_metrics(path: &Path) -> Vec<StepMetrics> {
+pub fn read_metrics(path: &Path) -> Vec<StepMetrics> {
     lego_rl::io::read_all(path, Default::default()).unwrap()
 }
 
-fn settings() -> Settings {
+pub fn settings() -> Settings {
     Settings {
         micro_batch_tokens: 40,
         optim: AdamWConfig {
@@ -103,7 +103,7 @@ fn settings() -> Settings {
     }
 }
 
-const CLI_OPTS: [&str; 6] = [
+pub const CLI_OPTS: [&str; 6] = [
     "--micro-batch-tokens",
     "40",
     "--lr",

@@ -1,0 +1,135 @@
+//! A trainer's checkpoint on disk: loading it, and writing the next one atomically — from one
+//! process or from every rank of a world (rank 0 writes the model, `lego-rl.json` and the step
+//! counter; under ZeRO each rank adds its `optimizer/rank-RRRRR.safetensors`).
+
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind};
+
+use super::optim::AdamW;
+use super::trainer::{CheckpointInfo, Trainer, INFO_FILE};
+use super::{zero, TrainError};
+use crate::dist::ProcessGroup;
+use crate::model::Model;
+
+impl Trainer {
+    /// Loads a checkpoint and, when present, its optimizer state and `lego-rl.json`.
+    pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, TrainError> {
+        let model = Model::load(dir, device, kind)?;
+        let opt = AdamW::load(dir, device)?;
+        let info_path = dir.join(INFO_FILE);
+        let info = if info_path.is_file() {
+            let text = std::fs::read_to_string(&info_path).map_err(|e| TrainError::OptimizerState {
+                path: info_path.clone(),
+                msg: e.to_string(),
+            })?;
+            serde_json::from_str(&text).map_err(|e| TrainError::OptimizerState {
+                path: info_path.clone(),
+                msg: e.to_string(),
+            })?
+        } else {
+            CheckpointInfo::default()
+        };
+        Ok(Trainer {
+            zero_saved: zero::saved_layout(dir)?,
+            source: Some(dir.to_path_buf()),
+            ..Trainer {
+                info,
+                opt,
+                ..Trainer::new(model)
+            }
+        })
+    }
+
+    /// Writes the checkpoint, optimizer state and `lego-rl.json` into existing directory `dir`
+    /// (under ZeRO: the step counter only; see [`Trainer::save_atomic_on`]).
+    pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        self.model.save(dir)?;
+        if self.zero.is_some() {
+            self.opt.save_counter(dir)?;
+        } else {
+            self.opt.save(dir)?;
+        }
+        let path = dir.join(INFO_FILE);
+        let text = serde_json::to_string_pretty(&self.info).expect("invariant: info serializes");
+        std::fs::write(&path, text + "\n").map_err(|e| TrainError::Output {
+            path,
+            msg: e.to_string(),
+        })
+    }
+
+    /// [`Trainer::save_atomic_on`] for one process.
+    pub fn save_atomic(&self, out: &Path) -> Result<(), TrainError> {
+        self.save_atomic_on(out, &ProcessGroup::single())
+    }
+
+    /// Every rank calls this. The checkpoint is written into a staging directory beside `out`
+    /// (rank 0: model, counter, `lego-rl.json`; every rank: its ZeRO shard), then rank 0 renames
+    /// it to `out` once all ranks have written: a failure anywhere leaves nothing under `out`.
+    /// `out` must not exist or be an empty directory; it and the staging directory must be on a
+    /// file system every rank sees.
+    pub fn save_atomic_on(&self, out: &Path, pg: &ProcessGroup) -> Result<(), TrainError> {
+        let fail = |msg: String| TrainError::Output {
+            path: out.to_path_buf(),
+            msg,
+        };
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = out
+            .file_name()
+            .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = parent.join(format!(".lego-rl-ckpt-{name}.partial"));
+        let lead = pg.rank() == 0;
+        let result = (|| {
+            if lead {
+                check_out(out)?;
+                std::fs::create_dir_all(&parent).map_err(|e| fail(format!("cannot create parent: {e}")))?;
+                if tmp.exists() {
+                    // Left by a run that was killed while saving.
+                    std::fs::remove_dir_all(&tmp)
+                        .map_err(|e| fail(format!("cannot remove stale {}: {e}", tmp.display())))?;
+                }
+                std::fs::create_dir(&tmp)
+                    .map_err(|e| fail(format!("cannot create {}: {e}", tmp.display())))?;
+            }
+            pg.barrier("creating the checkpoint's staging directory")?;
+            if let Some(z) = &self.zero {
+                z.save(&tmp, pg.rank())?;
+            }
+            if lead {
+                self.save(&tmp)?;
+            }
+            pg.barrier("writing the checkpoint")?;
+            if lead {
+                if out.is_dir() {
+                    std::fs::remove_dir(out).map_err(|e| fail(e.to_string()))?;
+                }
+                std::fs::rename(&tmp, out).map_err(|e| fail(format!("cannot rename into place: {e}")))?;
+            }
+            Ok(())
+        })();
+        if result.is_err() && lead {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+}
+
+/// Refuses an `--out` that already holds files (nothing is overwritten).
+pub fn check_out(out: &Path) -> Result<(), TrainError> {
+    if out.exists() {
+        let empty = out.is_dir()
+            && std::fs::read_dir(out)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+        if !empty {
+            return Err(TrainError::Output {
+                path: out.to_path_buf(),
+                msg: "already exists and is not an empty directory; refusing to overwrite".into(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! The optimizer side of a step on any number of ranks: gradients summed over ranks (bucketed
+//! all-reduce, or reduce-scatter under ZeRO-1), clipped by the global norm, AdamW; the ZeRO state
+//! laid out, loaded or re-sharded before any compute; and the memory the step's state takes.
+
+use tch::Tensor;
+
+use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares};
+use super::trainer::{Settings, Trainer};
+use super::zero::ZeroAdamW;
+use super::TrainError;
+use crate::dist::ProcessGroup;
+use crate::records::StepMetrics;
+
+impl Trainer {
+    /// Sums the gradients over ranks (all-reduce, or reduce-scatter under ZeRO), clips them by
+    /// the global norm and applies AdamW; returns (norm before clipping, lr).
+    pub(super) fn sync_and_update(
+        &mut self,
+        params: &[(String, Tensor)],
+        s: &Settings,
+        pg: &ProcessGroup,
+    ) -> Result<(f64, f64), TrainError> {
+        let defined = defined_anywhere(pg, params)?;
+        let non_finite = |value| TrainError::NonFinite {
+            what: "gradient norm",
+            value,
+        };
+        let clip = |norm: f64| {
+            (s.max_grad_norm > 0.0 && norm > s.max_grad_norm).then(|| s.max_grad_norm / (norm + 1e-6))
+        };
+        let _g = tch::no_grad_guard();
+        if let Some(zero) = &mut self.zero {
+            let mut chunks = zero.reduce_scatter(params, &defined, pg)?;
+            let norm = sum_scalars(pg, &[sum_squares(&chunks)], "gradient norm")?[0].sqrt();
+            if !norm.is_finite() {
+                return Err(non_finite(norm));
+            }
+            if let Some(scale) = clip(norm) {
+                for c in &mut chunks {
+                    let _ = c.g_mul_scalar_(scale);
+                }
+            }
+            let (lr, bc) = self.opt.advance(&s.optim);
+            zero.step(params, &defined, &chunks, lr, bc, &s.optim, pg)?;
+            return Ok((norm, lr));
+        }
+        let mut grads = all_reduce_grads(pg, params, &defined, s.bucket_elems)?;
+        let norm = sum_squares(grads.iter().flatten()).sqrt();
+        if !norm.is_finite() {
+            return Err(non_finite(norm));
+        }
+        if let Some(scale) = clip(norm) {
+            for g in grads.iter_mut().flatten() {
+                let _ = g.g_mul_scalar_(scale);
+            }
+        }
+        Ok((norm, self.opt.step_grads(&s.optim, params, &grads)))
+    }
+
+    /// Lays out ZeRO state at the first step (loading or re-sharding saved moments), or refuses
+    /// saved state this run cannot continue — before any compute.
+    pub(super) fn prepare_optimizer(
+        &mut self,
+        params: &[(String, Tensor)],
+        s: &Settings,
+        pg: &ProcessGroup,
+    ) -> Result<(), TrainError> {
+        let source = self.source.clone().unwrap_or_default();
+        if let (Some(saved), false) = (&self.zero_saved, s.zero) {
+            return Err(TrainError::OptimizerState {
+                path: source.join(super::zero::DIR),
+                msg: format!(
+                    "sharded by --zero 1 over {} ranks; resume with --zero 1 at that world size (this run: \
+                     --zero 0, {} ranks)",
+                    saved.world_size,
+                    pg.world_size()
+                ),
+            });
+        }
+        if !s.zero || self.zero.is_some() {
+            return Ok(());
+        }
+        let mut zero = ZeroAdamW::new(params, pg, s.bucket_elems);
+        if self.zero_saved.is_some() {
+            zero.load(&source, pg.rank())?;
+        } else if self.opt.has_moments() {
+            zero.reshard_from(&self.opt, params, pg.rank());
+            self.opt.clear_moments();
+        }
+        self.zero = Some(zero);
+        Ok(())
+    }
+
+    /// Records the world and this rank's optimizer-state and gradient bytes in `m.extra`:
+    /// `gradient_bytes` counts the parameters' own `.grad` (full size on every rank: the backward
+    /// fills them before any collective runs) plus, under ZeRO-1, the reduced chunks it keeps.
+    pub(super) fn memory_metrics(&self, m: &mut StepMetrics, params: &[(String, Tensor)], pg: &ProcessGroup) {
+        let local: u64 = params
+            .iter()
+            .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes()) as u64)
+            .sum();
+        let (state, grads) = match &self.zero {
+            Some(z) => (z.state_bytes(), local + z.grad_bytes()),
+            None => (self.opt.state_bytes(), local),
+        };
+        for (k, v) in [
+            ("world_size", pg.world_size() as u64),
+            ("zero", u64::from(self.zero.is_some())),
+            ("optimizer_state_bytes", state),
+            ("gradient_bytes", grads),
+        ] {
+            m.extra.insert(k.into(), v.into());
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! ZeRO stage 1 (`--zero 1`): each rank keeps AdamW's moments for its 1/N of the parameters.
+//!
+//! The trained parameters, in order, are packed into buckets (one dtype each, at most
+//! `bucket_elems` elements unless a single parameter is larger); a bucket of n elements is padded
+//! to a multiple of N and rank r owns chunk r of it. Per update: the bucket's flat gradient is
+//! reduce-scattered (rank r receives the sum of chunk r), the gradient norm is the all-reduced sum
+//! of the chunks' squares, each rank applies [`adamw_update`] to its chunk, and the updated
+//! chunks are all-gathered back into the parameters. AdamW is elementwise, so this is the same
+//! update as one process applying it to whole tensors.
+//!
+//! On disk (beside the checkpoint): `optimizer/zero.json` (world size and bucket layout) and
+//! `optimizer/rank-RRRRR.safetensors` (`exp_avg.B` and `exp_avg_sq.B`, one fp32 chunk per
+//! bucket B). Resuming needs the same world size and layout; a checkpoint with full moments
+//! (`optimizer.safetensors`, from one process or `--zero 0`) is re-sharded on load.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use super::optim::{adamw_update, AdamW, AdamWConfig};
+use super::TrainError;
+use crate::dist::{ProcessGroup, ReduceOp};
+
+/// Folder of the sharded state in a checkpoint.
+pub const DIR: &str = "optimizer";
+const LAYOUT_FILE: &str = "zero.json";
+
+/// Parameters of one bucket, as saved in `zero.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketLayout {
+    pub names: Vec<String>,
+    pub numels: Vec<i64>,
+}
+
+/// `optimizer/zero.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZeroLayout {
+    pub world_size: usize,
+    pub buckets: Vec<BucketLayout>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    /// Indices into the trained parameters.
+    params: Vec<usize>,
+    /// Offset of each parameter in the flat bucket.
+    offsets: Vec<i64>,
+    numels: Vec<i64>,
+    kind: Kind,
+    /// Elements per rank (the padded bucket is world_size × chunk).
+    chunk: i64,
+}
+
+/// The sharded AdamW state of this rank.
+#[derive(Debug)]
+pub struct ZeroAdamW {
+    layout: ZeroLayout,
+    buckets: Vec<Bucket>,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+}
+
+fn bad(path: &Path, msg: String) -> TrainError {
+    TrainError::OptimizerState {
+        path: path.to_path_buf(),
+        msg,
+    }
+}
+
+/// The saved layout in checkpoint `dir`, when it has one.
+pub fn saved_layout(dir: &Path) -> Result<Option<ZeroLayout>, TrainError> {
+    let path = dir.join(DIR).join(LAYOUT_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| bad(&path, e.to_string()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| bad(&path, e.to_string()))
+}
+
+fn rank_file(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(DIR).join(format!("rank-{rank:05}.safetensors"))
+}
+
+impl ZeroAdamW {
+    /// Lays out `params` over `pg`'s ranks with fresh (zero) moments.
+    pub fn new(params: &[(String, Tensor)], pg: &ProcessGroup, bucket_elems: i64) -> Self {
+        let world = pg.world_size() as i64;
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut layout = Vec::new();
+        for (i, (name, p)) in params.iter().enumerate() {
+            let n = p.numel() as i64;
+            let fits = buckets.last().is_some_and(|b: &Bucket| {
+                b.kind == p.kind()
+                    && b.offsets.last().unwrap_or(&0) + b.numels.last().unwrap_or(&0) + n <= bucket_elems
+            });
+            if !fits {
+                buckets.push(Bucket {
+                    params: Vec::new(),
+                    offsets: Vec::new(),
+                    numels: Vec::new(),
+                    kind: p.kind(),
+                    chunk: 0,
+                });
+                layout.push(BucketLayout {
+                    names: Vec::new(),
+                    numels: Vec::new(),
+                });
+            }
+            let b = buckets.last_mut().expect("invariant: pushed above");
+            let off = b
+                .offsets
+                .last()
+                .map_or(0, |o| o + b.numels.last().expect("same length"));
+            b.params.push(i);
+            b.offsets.push(off);
+            b.numels.push(n);
+            let l = layout.last_mut().expect("invariant: pushed above");
+            l.names.push(name.clone());
+            l.numels.push(n);
+        }
+        for b in &mut buckets {
+            let total: i64 = b.numels.iter().sum();
+            b.chunk = (total + world - 1) / world;
+        }
+        let dev = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+        let zeros = |b: &Bucket| Tensor::zeros([b.chunk], (Kind::Float, dev));
+        ZeroAdamW {
+            exp_avg: buckets.iter().map(zeros).collect(),
+            exp_avg_sq: buckets.iter().map(zeros).collect(),
+            layout: ZeroLayout {
+                world_size: pg.world_size(),
+                buckets: layout,
+            },
+            buckets,
+        }
+    }
+
+    /// Bytes of optimizer state this rank holds.
+    pub fn state_bytes(&self) -> u64 {
+        self.exp_avg
+            .iter()
+            .chain(&self.exp_avg_sq)
+            .map(|t| t.numel() as u64 * 4)
+            .sum()
+    }
+
+    /// Bytes of the reduced gradient chunks this rank holds during an update.
+    pub fn grad_bytes(&self) -> u64 {
+        self.buckets
+            .iter()
+            .map(|b| b.chunk as u64 * b.kind.elt_size_in_bytes() as u64)
+            .sum()
+    }
+
+    /// Takes this rank's chunks of full moments (`opt`, from a checkpoint written by one process
+    /// or `--zero 0`).
+    pub fn reshard_from(&mut self, opt: &AdamW, params: &[(String, Tensor)], rank: usize) {
+        let _g = tch::no_grad_guard();
+        for (bi, b) in self.buckets.iter().enumerate() {
+            let pick = |which: usize| {
+                let parts: Vec<Tensor> = b
+                    .params
+                    .iter()
+                    .map(|&i| {
+                        let (name, p) = &params[i];
+                        match opt.moments(name) {
+                            Some(m) => (if which == 0 { m.0 } else { m.1 })
+                                .to_kind(Kind::Float)
+                                .reshape([-1]),
+                            None => Tensor::zeros([p.numel() as i64], (Kind::Float, p.device())),
+                        }
+                    })
+                    .collect();
+                chunk_of(&Tensor::cat(&parts, 0), b, rank)
+            };
+            self.exp_avg[bi] = pick(0);
+            self.exp_avg_sq[bi] = pick(1);
+        }
+    }
+
+    /// Loads this rank's chunks from checkpoint `dir`; the saved layout must be this one.
+    pub fn load(&mut self, dir: &Path, rank: usize) -> Result<(), TrainError> {
+        let path = dir.join(DIR).join(LAYOUT_FILE);
+        let saved = saved_layout(dir)?.ok_or_else(|| bad(&path, "missing".into()))?;
+        if saved.world_size != self.layout.world_size {
+            return Err(bad(
+                &path,
+                format!(
+                    "saved by {} ranks with --zero 1, this run has {}: resume at world size {} (re-sharding \
+                     ZeRO state across world sizes is not supported)",
+                    saved.world_size, self.layout.world_size, saved.world_size
+                ),
+            ));
+        }
+        if saved.buckets != self.layout.buckets {
+            return Err(bad(
+                &path,
+                "the saved bucket layout differs from this run's (another --freeze, --bucket-mb or model?)"
+                    .into(),
+            ));
+        }
+        let file = rank_file(dir, rank);
+        let tensors = Tensor::read_safetensors(&file).map_err(|e| bad(&file, e.to_string()))?;
+        let dev = self.exp_avg.first().map_or(tch::Device::Cpu, Tensor::device);
+        for (name, t) in tensors {
+            let (which, b) = name
+                .split_once('.')
+                .and_then(|(w, b)| Some((w, b.parse::<usize>().ok()?)))
+                .filter(|(_, b)| *b < self.buckets.len())
+                .ok_or_else(|| bad(&file, format!("unexpected tensor `{name}`")))?;
+            if t.size() != [self.buckets[b].chunk] {
+                return Err(bad(&file, format!("`{name}` has shape {:?}", t.size())));
+            }
+            match which {
+                "exp_avg" => self.exp_avg[b] = t.to_device(dev),
+                "exp_avg_sq" => self.exp_avg_sq[b] = t.to_device(dev),
+                _ => return Err(bad(&file, format!("unexpected tensor `{name}`"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes this rank's chunks (and, on rank 0, the layout) into checkpoint directory `dir`.
+    pub fn save(&self, dir: &Path, rank: usize) -> Result<(), TrainError> {
+        let folder = dir.join(DIR);
+        std::fs::create_dir_all(&folder).map_err(|e| bad(&folder, e.to_string()))?;
+        if rank == 0 {
+            let path = folder.join(LAYOUT_FILE);
+            let text = serde_json::to_string_pretty(&self.layout).expect("invariant: layout serializes");
+            std::fs::write(&path, text + "\n").map_err(|e| bad(&path, e.to_string()))?;
+        }
+        let mut tensors = Vec::new();
+        for (b, (m, v)) in self.exp_avg.iter().zip(&self.exp_avg_sq).enumerate() {
+            tensors.push((format!("exp_avg.{b}"), m.to_device(tch::Device::Cpu)));
+            tensors.push((format!("exp_avg_sq.{b}"), v.to_device(tch::Device::Cpu)));
+        }
+        let file = rank_file(dir, rank);
+        Tensor::write_safetensors(&tensors, &file).map_err(|e| bad(&file, e.to_string()))
+    }
+
+    /// Reduce-scatters the gradients: this rank's chunk of each bucket's summed flat gradient.
+    /// `defined[i]`: some rank has a gradient for parameter i (the others contribute zeros).
+    pub fn reduce_scatter(
+        &self,
+        params: &[(String, Tensor)],
+        defined: &[bool],
+        pg: &ProcessGroup,
+    ) -> Result<Vec<Tensor>, crate::dist::DistError> {
+        let _g = tch::no_grad_guard();
+        let mut out = Vec::new();
+        for (bi, b) in self.buckets.iter().enumerate() {
+            let flat = padded(b, pg.world_size(), params[b.params[0]].1.device(), |i| {
+                let (_, p) = &params[i];
+                let g = p.grad();
+                (defined[i] && g.defined()).then(|| g.to_kind(b.kind).reshape([-1]))
+            });
+            let chunk = Tensor::zeros([b.chunk], (b.kind, flat.device()));
+            pg.reduce_scatter(
+                &chunk,
+                &flat,
+                ReduceOp::Sum,
+                &format!("gradient bucket {}/{}", bi + 1, self.buckets.len()),
+            )?;
+            out.push(chunk);
+        }
+        Ok(out)
+    }
+
+    /// AdamW on this rank's chunks with their reduced gradients `grads`, then all-gathers the
+    /// updated parameters. Parameters nobody has a gradient for are left alone.
+    #[expect(clippy::too_many_arguments, reason = "one update's inputs")]
+    pub fn step(
+        &mut self,
+        params: &[(String, Tensor)],
+        defined: &[bool],
+        grads: &[Tensor],
+        lr: f64,
+        bc: (f64, f64),
+        cfg: &AdamWConfig,
+        pg: &ProcessGroup,
+    ) -> Result<(), crate::dist::DistError> {
+        let _g = tch::no_grad_guard();
+        let rank = pg.rank() as i64;
+        for (bi, b) in self.buckets.iter().enumerate() {
+            let dev = params[b.params[0]].1.device();
+            let flat = padded(b, pg.world_size(), dev, |i| {
+                Some(params[i].1.detach().reshape([-1]))
+            });
+            let mine = chunk_of(&flat, b, rank as usize);
+            let (lo_chunk, hi_chunk) = (rank * b.chunk, (rank + 1) * b.chunk);
+            for (j, &i) in b.params.iter().enumerate() {
+                let (lo, hi) = (
+                    b.offsets[j].max(lo_chunk),
+                    (b.offsets[j] + b.numels[j]).min(hi_chunk),
+                );
+                if lo >= hi || !defined[i] {
+                    continue;
+                }
+                let (at, n) = (lo - lo_chunk, hi - lo);
+                let mut seg = mine.narrow(0, at, n);
+                let g = grads[bi].narrow(0, at, n).to_kind(Kind::Float);
+                let mut m = self.exp_avg[bi].narrow(0, at, n);
+                let mut v = self.exp_avg_sq[bi].narrow(0, at, n);
+                let decay = params[i].1.dim() > 1;
+                let new = adamw_update(seg.to_kind(Kind::Float), &g, &mut m, &mut v, decay, lr, bc, cfg);
+                seg.copy_(&new.to_kind(b.kind));
+            }
+            let what = format!("updated parameters, bucket {}/{}", bi + 1, self.buckets.len());
+            pg.all_gather(&flat, &mine, &what)?;
+            for (j, &i) in b.params.iter().enumerate() {
+                let mut p = params[i].1.shallow_clone();
+                p.copy_(
+                    &flat
+                        .narrow(0, b.offsets[j], b.numels[j])
+                        .view(p.size().as_slice()),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bucket's flat tensor, parameters in order (zeros where `part` gives none), zero-padded
+/// to world_size × chunk.
+fn padded(b: &Bucket, world: usize, dev: tch::Device, part: impl Fn(usize) -> Option<Tensor>) -> Tensor {
+    let mut parts: Vec<Tensor> = b
+        .params
+        .iter()
+        .zip(&b.numels)
+        .map(|(&i, &n)| part(i).unwrap_or_else(|| Tensor::zeros([n], (b.kind, dev))))
+        .collect();
+    let total: i64 = b.numels.iter().sum();
+    let pad = b.chunk * world as i64 - total;
+    if pad > 0 {
+        parts.push(Tensor::zeros([pad], (b.kind, dev)));
+    }
+    Tensor::cat(&parts, 0)
+}
+
+/// Rank `rank`'s chunk of a flat tensor (padded when shorter), as its own contiguous tensor.
+fn chunk_of(flat: &Tensor, b: &Bucket, rank: usize) -> Tensor {
+    let start = b.chunk * rank as i64;
+    let n = flat.size()[0];
+    let take = (n - start).clamp(0, b.chunk);
+    let out = Tensor::zeros([b.chunk], (flat.kind(), flat.device()));
+    if take > 0 {
+        out.narrow(0, 0, take).copy_(&flat.narrow(0, start, take));
+    }
+    out
+}
