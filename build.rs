@@ -93,6 +93,12 @@ fn compile_shim(torch: &Path) {
         println!("cargo:rerun-if-env-changed=CUDA_HOME");
         let cuda = std::env::var("CUDA_HOME").unwrap_or_else(|_| "/usr/local/cuda".into());
         build.include(Path::new(&cuda).join("include"));
+        // CUDA 13 keeps libcu++ under include/cccl (nvcc adds it itself; a host compiler needs it
+        // named). scripts/check-nccl-build.sh makes such a CUDA_HOME from PyPI's header wheels.
+        let cccl = Path::new(&cuda).join("include/cccl");
+        if cccl.is_dir() {
+            build.include(cccl);
+        }
         if let Some(site) = torch.parent() {
             for inc in nvidia_lib_dirs(&site.join("nvidia")) {
                 build.include(inc.with_file_name("include"));

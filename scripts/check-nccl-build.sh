@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Compiles the c10d shim's NCCL path (src/dist/shim.cpp with USE_C10D_NCCL) on a machine without a
+# CUDA toolkit or GPU, and checks that every NCCL symbol it needs is exported by the torch wheel's
+# libtorch_cuda.so. It does not run anything on a GPU: it proves that `cargo build --features nccl`
+# compiles and links against torch 2.11's ProcessGroupNCCL.
+#
+# The CUDA headers come from PyPI, matching the CUDA runtime wheel torch pulls in: the runtime
+# wheel's include/ plus nvidia-cuda-crt (crt/) and nvidia-cuda-cccl (libcu++), unpacked into
+# $LEGO_RL_CACHE/cuda-headers-<version> (a CUDA_HOME for build.rs). Needs scripts/setup.sh first.
+#
+# usage: scripts/check-nccl-build.sh          (prints the CUDA_HOME it made on success)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${LEGO_RL_CACHE:-$HOME/.cache/lego-rl}
+py="$root/.venv/bin/python"
+torch=$(readlink -f "$root/.libtorch")
+site=$(dirname "$torch")
+say() { printf 'check-nccl-build: %s\n' "$*" >&2; }
+
+[ -x "$py" ] && [ -d "$torch/include" ] || { say "run scripts/setup.sh first"; exit 2; }
+runtime=$("$py" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime"))' 2>/dev/null) || {
+  say "the torch wheel here has no nvidia-cuda-runtime (a CPU-only torch?)"; exit 2; }
+series=${runtime%.*}
+home="$cache/cuda-headers-$runtime"
+if [ ! -f "$home/.complete" ]; then
+  say "CUDA $series.* headers from PyPI into $home"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  "$py" -m pip download --no-deps -q -d "$tmp" "nvidia-cuda-crt==$series.*" "nvidia-cuda-cccl==$series.*"
+  rm -rf "$home" && mkdir -p "$home/include"
+  cp -r "$site"/nvidia/cu*/include/. "$home/include/"
+  for w in "$tmp"/*.whl; do
+    "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$w" "$tmp/x"
+  done
+  cp -r "$tmp"/x/nvidia/cu*/include/. "$home/include/"
+  touch "$home/.complete"
+fi
+
+gloo=$(mktemp -d)
+for name in gloo/algorithm.h gloo/common/error.h gloo/context.h gloo/rendezvous/store.h gloo/transport/device.h; do
+  mkdir -p "$gloo/$(dirname "$name")"
+  printf '#pragma once\n#include "%s"\n' "$root/src/dist/gloo_decls.h" >"$gloo/$name"
+done
+obj=$(mktemp --suffix=.o)
+say "compiling src/dist/shim.cpp with USE_C10D_NCCL"
+g++ -c -O1 -fPIC -Wno-interference-size -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -DGLOG_USE_GLOG_EXPORT -DUSE_C10D_GLOO \
+  -DUSE_C10D_NCCL -DLEGO_RL_NCCL -I"$torch/include" -I"$torch/include/torch/csrc/api/include" -I"$gloo" \
+  -I"$home/include" -I"$home/include/cccl" -I"$site/nvidia/nccl/include" "$root/src/dist/shim.cpp" -o "$obj"
+missing=0
+exported=$(nm -D --defined-only "$torch/lib/libtorch_cuda.so" | awk '{print $3}')
+for sym in $(nm -u "$obj" | awk '{print $2}' | grep -i nccl); do
+  if ! grep -qxF "$sym" <<<"$exported"; then
+    say "missing in libtorch_cuda.so: $(echo "$sym" | c++filt)"
+    missing=1
+  fi
+done
+rm -rf "$gloo" "$obj"
+[ "$missing" = 0 ] || exit 1
+say "ok: the NCCL path compiles and its symbols resolve in libtorch_cuda.so"
+echo "$home"
