@@ -21,7 +21,7 @@ use crate::grade;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
-use crate::sandbox::{ContainerSpec, SandboxError, AGENT_USER};
+use crate::sandbox::{SandboxError, AGENT_USER};
 
 /// Exported before every command that runs code of the repository while grading: no implicit
 /// working directory on `sys.path` (`-m`, `-c`), no user site-packages.
@@ -65,18 +65,7 @@ impl Trial {
     /// Creates and starts the evaluation container from the pristine image with `files` under
     /// `/tmp/lego/`.
     async fn start_eval_container(&mut self, files: &[(&str, &[u8])]) -> Result<String, SandboxError> {
-        let spec = ContainerSpec {
-            name: self.name("-eval"),
-            image: self.image.clone(),
-            labels: self.labels(),
-            env: Vec::new(),
-            network: "none".into(),
-            memory_bytes: Some(self.limits.memory_bytes),
-            nano_cpus: Some(self.limits.nano_cpus),
-            pids_limit: Some(self.limits.pids),
-            binds: Vec::new(),
-            cmd: None,
-        };
+        let spec = self.offline_spec("-eval", self.image.clone());
         let id = self.engine.create_container(&spec).await?;
         self.eval_container = Some(id.clone());
         self.engine.start_container(&id).await?;

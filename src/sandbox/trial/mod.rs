@@ -39,9 +39,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod evaluate;
 mod observe;
+mod setup;
+mod signals;
 mod stop;
 
 pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};
+pub use signals::{install_signal_sweep, interrupted, park_if_interrupted};
 pub use stop::{agent_command, extract_script, take_outlived, BASE_GIT};
 
 use super::images::{slug, DEFAULT_WORKDIR};
@@ -281,6 +284,23 @@ impl Trial {
         format!("lego-rl-{}-{}{suffix}", slug(&self.run_id), slug(&self.trial_id))
     }
 
+    /// A container of this trial from `image` with no network, no mounts and the trial's limits,
+    /// idle until commands are exec'd (the evaluation and snapshot containers).
+    fn offline_spec(&self, suffix: &str, image: String) -> ContainerSpec {
+        ContainerSpec {
+            name: self.name(suffix),
+            image,
+            labels: self.labels(),
+            env: Vec::new(),
+            network: "none".into(),
+            memory_bytes: Some(self.limits.memory_bytes),
+            nano_cpus: Some(self.limits.nano_cpus),
+            pids_limit: Some(self.limits.pids),
+            binds: Vec::new(),
+            cmd: None,
+        }
+    }
+
     fn labels(&self) -> HashMap<String, String> {
         HashMap::from([
             (LABEL_RUN.to_string(), self.run_id.clone()),
@@ -331,170 +351,6 @@ impl Trial {
             message: "no container".into(),
         })?;
         self.engine.upload(id, dest, tar).await
-    }
-
-    async fn setup_inner(&mut self) -> Result<(), SandboxError> {
-        if self.engine.image_id(&self.image).await?.is_none() {
-            return Err(SandboxError::ImageMissing {
-                image: self.image.clone(),
-            });
-        }
-        // After SIGINT/SIGTERM the sweep is removing this run's objects: create none it could miss.
-        if interrupted() {
-            return Err(SandboxError::Stage {
-                stage: "setup",
-                message: "interrupted".into(),
-            });
-        }
-        // Kept and used by ID: two processes creating the same trial's network at once can both
-        // succeed (the engine's name check races; seen here with two loops on one run
-        // directory), and removing by name then fails as ambiguous.
-        let net = self
-            .engine
-            .create_network(&self.name("-net"), self.labels())
-            .await?;
-        self.network = Some(net.clone());
-        let mut binds = self.binds.clone();
-        let mut cmd = None;
-        if let Some(sock) = &self.proxy_socket {
-            if !sock.exists() {
-                return Err(SandboxError::Stage {
-                    stage: "setup",
-                    message: format!("proxy socket {} does not exist", sock.display()),
-                });
-            }
-            binds.push(format!("{}:{}", sock.display(), relay::SOCKET));
-            cmd = Some(relay::command());
-        }
-        let spec = ContainerSpec {
-            name: self.name(""),
-            image: self.image.clone(),
-            labels: self.labels(),
-            env: self.env.clone(),
-            network: net,
-            memory_bytes: Some(self.limits.memory_bytes),
-            nano_cpus: Some(self.limits.nano_cpus),
-            pids_limit: Some(self.limits.pids),
-            binds,
-            cmd,
-        };
-        let id = self.engine.create_container(&spec).await?;
-        self.container = Some(id.clone());
-        self.engine.start_container(&id).await?;
-        if self.proxy_socket.is_some() {
-            let out = self
-                .engine
-                .exec(&id, "root", "/", &[], &relay::wait_script(), self.limits.setup)
-                .await?;
-            if !out.ok() {
-                return Err(SandboxError::Stage {
-                    stage: "setup",
-                    message: format!("proxy relay: {}", tail(&out.stderr, 2000)),
-                });
-            }
-        }
-        let wd = sh_quote(&self.workdir);
-        let script = if self.is_swebench() {
-            let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
-            format!(
-                "set -e; cd {wd}; git reset -q --hard {base}; git clean -qfdx; rm -rf .git; \
-                 git init -q -b main; git add -A; \
-                 GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z \
-                 git -c user.name=lego-rl -c user.email=lego-rl@localhost commit -q --no-verify --allow-empty -m base; \
-                 chown -R {AGENT_USER}:{AGENT_USER} {wd}; {snapshot}",
-                snapshot = self.base_snapshot_script(true)
-            )
-        } else {
-            format!(
-                "set -e; mkdir -p {wd} /logs/agent; chown -R {AGENT_USER}:{AGENT_USER} {wd} /logs/agent; {}",
-                self.base_snapshot_script(false)
-            )
-        };
-        let out = self
-            .engine
-            .exec(&id, "root", "/", &[], &script, self.limits.setup)
-            .await?;
-        if !out.ok() {
-            return Err(SandboxError::Stage {
-                stage: "setup",
-                message: format!(
-                    "exit {:?}{}: {}",
-                    out.exit_code,
-                    if out.timed_out { " (timed out)" } else { "" },
-                    tail(&out.stderr, 2000)
-                ),
-            });
-        }
-        self.base_hash = Some(out.stdout.trim().to_string()).filter(|h| !h.is_empty());
-        if !self.files.is_empty() {
-            // Parent directories are made by the agent user (so they are the agent's where it may
-            // create them at all); the upload runs as root, then the files are handed over.
-            let parents: BTreeSet<String> = self
-                .files
-                .iter()
-                .filter_map(|(p, _)| std::path::Path::new(p).parent())
-                .map(|p| sh_quote(&p.to_string_lossy()))
-                .collect();
-            let mut tar = super::tar::TarBuilder::new();
-            for (path, bytes) in &self.files {
-                tar.file(path.trim_start_matches('/'), bytes, 0o644);
-            }
-            let owned: Vec<String> = self.files.iter().map(|(p, _)| sh_quote(p)).collect();
-            let mkdir = format!("mkdir -p {}", parents.into_iter().collect::<Vec<_>>().join(" "));
-            let chown = format!("chown {AGENT_USER}:{AGENT_USER} {}", owned.join(" "));
-            let out = self
-                .engine
-                .exec(&id, AGENT_USER, "/", &[], &mkdir, self.limits.setup)
-                .await?;
-            let out = if out.ok() {
-                self.engine.upload(&id, "/", tar.finish()).await?;
-                self.engine
-                    .exec(&id, "root", "/", &[], &chown, self.limits.setup)
-                    .await?
-            } else {
-                out
-            };
-            if !out.ok() {
-                return Err(SandboxError::Stage {
-                    stage: "setup",
-                    message: format!("writing agent files: {}", tail(&out.stderr, 2000)),
-                });
-            }
-        }
-        // The baseline; probed twice like the after-agent probe. Without one the audit compares
-        // against zeros — the counters of a fresh container and network namespace — so setup's own
-        // traffic would count as the agent's: say so.
-        for attempt in 0..2 {
-            self.baseline = self.probe().await;
-            if self.baseline.is_some() {
-                break;
-            }
-            if attempt == 0 {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-        if self.baseline.is_none() {
-            tracing::warn!(
-                "trial {}: no baseline probe after setup; its audit counts from container creation",
-                self.trial_id
-            );
-        }
-        Ok(())
-    }
-
-    /// Creates and prepares the trial container (stage `setup`).
-    pub async fn setup(&mut self) -> Result<(), SandboxError> {
-        let start = now();
-        let r = tokio::time::timeout(self.limits.setup + Duration::from_secs(30), self.setup_inner())
-            .await
-            .unwrap_or_else(|_| {
-                Err(SandboxError::Stage {
-                    stage: "setup",
-                    message: "timed out".into(),
-                })
-            });
-        self.record("setup", start, if r.is_ok() { "ok" } else { "error" });
-        r
     }
 
     /// Runs the agent's command as the agent user under the agent time limit (stage `agent`).
@@ -702,49 +558,6 @@ impl Drop for Trial {
             });
         }
     }
-}
-
-static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// True once SIGINT/SIGTERM arrived: trial results from then on are the interruption's doing (the
-/// sweep is removing their sandboxes) and must not be recorded as outcomes.
-pub fn interrupted() -> bool {
-    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
-}
-
-/// Parks forever once [`interrupted`]: results gathered from then on are the interruption's
-/// doing (the signal task is removing their sandboxes), so nothing may be written from them —
-/// writing would mark them done. The signal task exits the process (130) after its sweep, and a
-/// rerun runs that work again. Call before writing outcomes.
-pub async fn park_if_interrupted() {
-    if interrupted() {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// On SIGINT/SIGTERM: flag [`interrupted`], remove every object of `run_id`, then exit 130. Call
-/// once per process.
-pub fn install_signal_sweep(engine: Engine, run_id: String) {
-    tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut n = engine.sweep(Some(&run_id)).await.unwrap_or(0);
-        // Creations the engine had already accepted when the signal came can land after the
-        // first listing (seen with 4 trials in set-up at once): sweep again once they are in.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        n += engine.sweep(Some(&run_id)).await.unwrap_or(0);
-        // Not eprintln!: with stderr gone it panics, the panic ends only this task, and the
-        // process would hang interrupted instead of exiting.
-        crate::stderr_line!("lego-rl: interrupted; removed {n} sandbox objects of run {run_id}");
-        std::process::exit(130);
-    });
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use super::{now, sh_quote, tail, Trial};
 use crate::grade::integrity;
 use crate::records::AuditEvent;
-use crate::sandbox::{ContainerSpec, ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
+use crate::sandbox::{ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
 
 /// Where setup keeps the base commit, out of the agent user's reach.
 pub const BASE_GIT: &str = "/var/lib/lego-rl/base.git";
@@ -298,18 +298,7 @@ impl Trial {
         ]);
         let image = self.engine.commit(id, labels).await?;
         self.snapshot_image = Some(image.clone());
-        let spec = ContainerSpec {
-            name: self.name("-extract"),
-            image,
-            labels: self.labels(),
-            env: Vec::new(),
-            network: "none".into(),
-            memory_bytes: Some(self.limits.memory_bytes),
-            nano_cpus: Some(self.limits.nano_cpus),
-            pids_limit: Some(self.limits.pids),
-            binds: Vec::new(),
-            cmd: None,
-        };
+        let spec = self.offline_spec("-extract", image);
         let sid = self.engine.create_container(&spec).await?;
         self.extract_container = Some(sid.clone());
         self.engine.start_container(&sid).await?;
