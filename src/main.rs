@@ -12,7 +12,7 @@ fn main() -> ExitCode {
         Ok(code) => code.into(),
         Err(err) if lego_rl::cmd::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            lego_rl::stderr_line!("lego-rl: error: {err:#}");
+            lego_rl::stderr_line!("lego-rl: error: {}", lego_rl::cmd::error_line(&err));
             if let Some(hint) = lego_rl::cmd::hint(&err) {
                 lego_rl::stderr_line!("hint: {hint}");
             }

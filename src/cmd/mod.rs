@@ -67,3 +67,41 @@ pub fn hint(err: &anyhow::Error) -> Option<String> {
     }
     None
 }
+
+/// The error and its causes on one line, `a: b: c`, leaving out a cause whose text the message
+/// before it already ends with (our errors name their source in their own text, so anyhow's
+/// `{:#}` would print "No such file or directory (os error 2)" twice).
+pub fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_already_in_the_message_is_said_once() {
+        let open = crate::io::IoError::Open {
+            path: "/nonexistent".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let err = anyhow::Error::new(open).context("aligning into out.jsonl.zst");
+        assert_eq!(
+            error_line(&err),
+            "aligning into out.jsonl.zst: /nonexistent: cannot open: entity not found"
+        );
+        // A cause the message does not repeat is kept.
+        let err = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_line(&err), "outer: inner");
+    }
+}
