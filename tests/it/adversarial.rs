@@ -377,15 +377,18 @@ fn check(c: &Case, r: &TrialResult) -> Result<(), String> {
         }
         // The in-band stop freezes them the moment the harness exits; without it (the wrapper
         // killed) they are frozen when extraction begins. Nothing after that is in the diff.
-        // (The freeze is the extract stage's first call: a few milliseconds after its start.)
         let limit = if c.name == "late-writers" {
             r.stages["agent"].end
         } else {
-            r.stages["extract"].start + 0.25
+            r.stages["freeze"].end
         };
         let late: Vec<&f64> = stamps.iter().filter(|t| **t > limit).collect();
         if !late.is_empty() {
-            return Err(format!("{} lines written after {limit}: {late:?}", late.len()));
+            return Err(format!(
+                "{}: {} lines written after {limit}: {late:?}",
+                c.name,
+                late.len()
+            ));
         }
         let n: u64 = r
             .audit

@@ -209,7 +209,12 @@ impl Trial {
             stage: "extract",
             message: "no container".into(),
         })?;
-        self.engine.pause(&id).await?;
+        // Stage `freeze`: from the freeze request until the engine confirms it; nothing of the
+        // agent's writes after its end.
+        let frozen = now();
+        let paused = self.engine.pause(&id).await;
+        self.record("freeze", frozen, if paused.is_ok() { "ok" } else { "error" });
+        paused?;
         self.audit_outside_writes(&id).await;
         let agents: Vec<_> = match self.engine.processes(&id).await {
             Ok(p) => p.into_iter().filter(|p| p.uid != Some(0)).collect(),
