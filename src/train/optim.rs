@@ -206,15 +206,7 @@ impl AdamW {
             path: path.clone(),
             msg: e.to_string(),
         })?;
-        let path = dir.join(COUNTER_FILE);
-        let state = TrainerState {
-            optimizer_steps: self.steps,
-        };
-        let text = serde_json::to_string_pretty(&state).expect("invariant: state serializes");
-        std::fs::write(&path, text + "\n").map_err(|e| TrainError::OptimizerState {
-            path,
-            msg: e.to_string(),
-        })
+        self.save_counter(dir)
     }
 
     /// Reads the state saved in `dir`; a checkpoint without one (e.g. a base model) starts fresh.

@@ -62,6 +62,17 @@ fn timed_out(stdout: &str) -> (f64, GraderResult) {
 }
 
 impl Trial {
+    /// One `collection_hook` audit event per hook file of the diff, saying what grading did with it.
+    fn audit_hooks<'a>(&mut self, hooks: impl IntoIterator<Item = &'a String>, what: &str) {
+        for f in hooks {
+            self.audit.push(AuditEvent {
+                kind: "collection_hook".into(),
+                detail: format!("{f} ({what})"),
+                generation: None,
+            });
+        }
+    }
+
     /// Creates and starts the evaluation container from the pristine image with `files` under
     /// `/tmp/lego/`.
     async fn start_eval_container(&mut self, files: &[(&str, &[u8])]) -> Result<String, SandboxError> {
@@ -141,13 +152,7 @@ impl Trial {
             .filter(|f| is_collection_hook(f) && !protected.contains(*f))
             .cloned()
             .collect();
-        for f in &hooks {
-            self.audit.push(AuditEvent {
-                kind: "collection_hook".into(),
-                detail: format!("{f} (reverted before grading)"),
-                generation: None,
-            });
-        }
+        self.audit_hooks(&hooks, "reverted before grading");
         let id = self
             .start_eval_container(&[
                 ("agent.diff", diff.as_bytes()),
@@ -306,13 +311,7 @@ impl Trial {
             .into_iter()
             .filter(|f| is_collection_hook(f))
             .collect();
-        for f in &hooks {
-            self.audit.push(AuditEvent {
-                kind: "collection_hook".into(),
-                detail: format!("{f} (left out before grading)"),
-                generation: None,
-            });
-        }
+        self.audit_hooks(&hooks, "left out before grading");
         let diff = integrity::drop_sections(diff, &hooks);
         let id = self
             .start_eval_container(&[("agent.diff", diff.as_bytes())])
