@@ -509,7 +509,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__rollout)
-            opts="-i -o -j -v -q -h -V --input --images --harness --backend --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --mode --temperature --top-p --max-tokens --seed --max-turns --agent-timeout --forced --run-id --base-image --cache-dir --device --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --images --harness --backend --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --mode --temperature --top-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -611,6 +611,10 @@ _lego__rl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --max-context)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --forced)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -639,7 +643,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__train__subcmd__step)
-            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --replay --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -731,6 +735,10 @@ _lego__rl() {
                     ;;
                 --freeze)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --replay)
+                    COMPREPLY=($(compgen -W "on off" -- "${cur}"))
                     return 0
                     ;;
                 --seed)

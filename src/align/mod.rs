@@ -20,7 +20,9 @@
 pub mod messages;
 pub mod trajectory;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
@@ -29,7 +31,7 @@ pub use trajectory::align_trajectory;
 
 use crate::chat::ChatFormat;
 use crate::io::{open_records, AtomicWriter, IoError, ReadOptions};
-use crate::records::{AlignStats, Record, Trajectory};
+use crate::records::{AlignStats, Record, Trajectory, CHAT_MODEL};
 
 /// Errors of align; each names the file, record, trajectory and field involved.
 #[derive(Debug, thiserror::Error)]
@@ -68,11 +70,16 @@ pub enum AlignError {
 pub struct Settings {
     pub mode: MatchMode,
     /// The model's chat format (`--model`), to decode captured outputs for content comparison.
-    pub chat: Option<ChatFormat>,
+    pub chat: Option<Arc<ChatFormat>>,
+    /// Without `--model`, look for the tokenizer each trajectory names (see [`Settings::chat_for`]).
+    pub discover: bool,
+    /// The folders trajectories named, each loaded once (None: it could not be).
+    named: Mutex<HashMap<PathBuf, Option<Arc<ChatFormat>>>>,
 }
 
 impl Settings {
-    /// Settings with `mode`, loading the chat format from `model` when given.
+    /// Settings with `mode`, loading the chat format from `model` when given; without it, each
+    /// trajectory's own tokenizer is used where it names one that loads.
     pub fn new(mode: MatchMode, model: Option<&Path>) -> Result<Self, AlignError> {
         let chat = model
             .map(|p| {
@@ -82,7 +89,46 @@ impl Settings {
                 })
             })
             .transpose()?;
-        Ok(Settings { mode, chat })
+        Ok(Settings {
+            mode,
+            chat: chat.map(Arc::new),
+            discover: model.is_none(),
+            named: Mutex::default(),
+        })
+    }
+
+    /// The chat format to decode `t`'s captures with: `--model`'s; else (with `discover`) the
+    /// folder rollout recorded in the trajectory (`metadata.chat_model`), or the embedded
+    /// backend's checkpoint for older records. None: statistics that need the text
+    /// (re-serializations, segment kinds, linked answers) are approximate for `t`.
+    pub fn chat_for(&self, t: &Trajectory) -> Option<Arc<ChatFormat>> {
+        if let Some(c) = &self.chat {
+            return Some(c.clone());
+        }
+        if !self.discover {
+            return None;
+        }
+        let dir = t
+            .metadata
+            .get(CHAT_MODEL)
+            .and_then(|v| v.as_str())
+            .or_else(|| t.backend.strip_prefix("embedded:"))?;
+        let mut named = self.named.lock().expect("invariant: lock not poisoned");
+        named
+            .entry(PathBuf::from(dir))
+            .or_insert_with(|| match ChatFormat::from_model_dir(Path::new(dir)) {
+                Ok(c) => {
+                    tracing::info!(
+                        "align: decoding captures with the tokenizer in {dir} (named by the trajectories)"
+                    );
+                    Some(Arc::new(c))
+                }
+                Err(e) => {
+                    tracing::warn!("align: {dir} (named by trajectory {}): {e:#}", t.id);
+                    None
+                }
+            })
+            .clone()
     }
 }
 
@@ -108,6 +154,8 @@ pub fn add_stats(a: &mut AlignStats, b: &AlignStats) {
     a.compacted_messages += b.compacted_messages;
     a.unlinked_assistant_messages += b.unlinked_assistant_messages;
     a.samples_without_routing += b.samples_without_routing;
+    a.context_refusals += b.context_refusals;
+    a.without_tokenizer += b.without_tokenizer;
 }
 
 /// Where align reads and writes.
@@ -215,6 +263,15 @@ fn run_in_pool(
         reader.warn_skipped();
     }
     bar.finish_and_clear();
+    if total.without_tokenizer > 0 {
+        tracing::warn!(
+            "align: {} of {} trajectories were aligned without the policy's tokenizer (no --model, and \
+             they name none that loads): tool_call_mismatches, segment_breaks and \
+             unlinked_assistant_messages are approximate for them; pass --model DIR",
+            total.without_tokenizer,
+            total.trajectories
+        );
+    }
     out.finish()?;
     if let Some(mut w) = stats_out {
         w.write(&total)?;

@@ -417,7 +417,7 @@ fn a_turn_cut_at_a_stop_string_links_by_the_text_the_client_was_given() {
     );
     let t = trajectory(vec![g0, g1]);
     let settings = Settings {
-        chat: Some(chat),
+        chat: Some(std::sync::Arc::new(chat)),
         ..Settings::default()
     };
     let (samples, stats) = align_trajectory(&t, &settings).unwrap();

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use super::messages::{common_prefix, link, same_message, Link};
 use super::{AlignError, Settings};
 use crate::chat::{Conversation, Message, Role, ToolCallIds};
-use crate::records::{AlignStats, Generation, LossMask, Packed, Record, Sample, Trajectory};
+use crate::records::{AlignStats, Generation, LossMask, Packed, Record, Sample, Trajectory, CONTEXT_LIMIT};
 
 /// A generation's recorded routing, decoded.
 struct Routing {
@@ -157,6 +157,10 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
         trajectories: 1,
         ..Default::default()
     };
+    let chat = s.chat_for(t);
+    if chat.is_none() {
+        stats.without_tokenizer = 1;
+    }
     let mut order: Vec<usize> = (0..t.generations.len()).collect();
     order.sort_by_key(|&p| t.generations[p].index);
     if let Some(w) = order
@@ -179,6 +183,10 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             .to_f32()
             .map_err(|e| bad(t, pos, "logprobs", e.to_string()))?;
         let status = g.status.as_deref().unwrap_or("ok");
+        if status == CONTEXT_LIMIT && g.output_ids.is_empty() {
+            stats.context_refusals += 1;
+            continue;
+        }
         if !matches!(status, "ok" | "malformed_tool_call") {
             drop_turn(&mut stats, &format!("status:{status}"), g.output_ids.len());
             continue;
@@ -211,7 +219,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
                 continue;
             }
         };
-        let captured = match &s.chat {
+        let captured = match &chat {
             Some(chat) => Some(decode_captured(chat, t, pos, g, &conv)?),
             None => None,
         };

@@ -103,6 +103,12 @@ pub struct RolloutArgs {
     /// Agent stage time limit in seconds (overrides the tasks' timeouts.agent_s).
     #[arg(long)]
     pub agent_timeout: Option<f64>,
+    /// Context window offered to the harnesses, in tokens (default: the backend's). A prompt
+    /// that does not fit is refused as the API's provider refuses it (Anthropic: 400 "prompt is
+    /// too long: N tokens > M maximum"; OpenAI: `context_length_exceeded`), which harnesses
+    /// answer by compacting; a trial whose last request was refused ends `context_limit`.
+    #[arg(long, value_name = "TOKENS")]
+    pub max_context: Option<usize>,
     /// Scripted model outputs per task (JSON, lego-rl/forced/v1).
     #[arg(long)]
     pub forced: Option<PathBuf>,
@@ -170,6 +176,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         base_image: args.base_image,
         cache_dir,
         device: args.device,
+        max_context: args.max_context,
         progress: crate::ui::progress_enabled(global),
     };
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -112,6 +112,12 @@ pub struct TrainStepArgs {
     /// LM head). Matching no parameter, or all of them, is an error.
     #[arg(long, value_name = "REGEX")]
     pub freeze: Option<String>,
+    /// MoE routing replay (R3): `on`, the trainer's MoE layers use the experts recorded at
+    /// generation time (gates still from its own router); `off`, its router picks its own and the
+    /// record is only compared with them (expert_overlap, and the log-prob agreement without R3:
+    /// the paper's ablation). The metrics record which (`routing_replay`).
+    #[arg(long, value_enum, default_value = "on")]
+    pub replay: Replay,
     /// Seed of torch's generator.
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
@@ -141,6 +147,13 @@ pub struct TrainStepArgs {
     /// Size of one gradient bucket (one all-reduce or reduce-scatter), in MiB of fp32.
     #[arg(long, value_name = "MIB", default_value_t = 25, help_heading = "Distributed")]
     pub bucket_mb: u64,
+}
+
+/// `--replay`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    On,
+    Off,
 }
 
 /// Runs `train-step`.
@@ -191,6 +204,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         freeze: args.freeze,
         zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
         bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
+        replay: args.replay == Replay::On,
         optim: AdamWConfig {
             lr: args.lr,
             min_lr: args.min_lr,

@@ -39,7 +39,9 @@ use crate::validate::{append_report, check_files, validate_run};
 ///
 /// Gates (defaults; override with `--gates FILE` (TOML, see examples/gates.toml) and
 /// `--gate NAME=VALUE` or `--gate NAME=off`):
-///   logprob_pearson >= 0.99, expert_overlap >= 0.9, infra_failure_rate <= 0.1,
+///   logprob_pearson >= 0.99 (steps trained with routing replay),
+///   logprob_pearson_without_replay >= 0.98 (steps trained with --replay off), expert_overlap >= 0.9,
+///   infra_failure_rate <= 0.1,
 ///   align_drop_rate <= 0.05, git_history_rate / test_edit_rate / blocked_egress_rate <= 0.05,
 ///   grader_tampering_rate <= 0,
 ///   zero_variance_group_fraction <= 0.9, staleness_max <= 2, and 0 for each consistency check.

@@ -14,7 +14,7 @@ use crate::chat::{
     Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, StreamEvent, ToolCallIds,
 };
 use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
-use crate::records::{Generation, Packed, PromptMode, Sampling};
+use crate::records::{Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT};
 
 /// One captured generation with what faithful prompting of the next turn needs.
 #[derive(Debug, Clone)]
@@ -308,9 +308,9 @@ fn prepare_inner(
         .into_iter()
         .flatten()
         .collect();
-    let forced_output = match forced_text {
+    let forced_output = match &forced_text {
         Some(text) => {
-            let mut ids = chat.encode(&text).map_err(bad)?;
+            let mut ids = chat.encode(text).map_err(bad)?;
             if let Some(end) = special.im_end {
                 if ids.last() != Some(&end) {
                     ids.push(end);
@@ -335,19 +335,27 @@ fn prepare_inner(
         extra,
         ..Default::default()
     };
-    if let Some(context) = state.backend.context_length() {
+    let context = match (state.backend.context_length(), state.cfg.max_context) {
+        (Some(b), Some(c)) => Some(b.min(c)),
+        (b, c) => b.or(c),
+    };
+    if let Some(context) = context {
         if record.prompt_ids.len() >= context {
-            // Recorded so that rollout can end the trial as `context_limit`.
-            let msg = format!(
-                "prompt of {} tokens does not fit the model's context of {context} tokens",
-                record.prompt_ids.len()
-            );
+            // Recorded so that rollout can end the trial as `context_limit` (when the harness
+            // does not recover). A scripted output was not used: it goes to the next request.
+            let err = ProxyError::ContextLength {
+                prompt: record.prompt_ids.len(),
+                context,
+            };
             let mut record = record;
-            record.status = Some("context_limit".into());
-            record.finish_reason = "context_limit".into();
-            record.error = Some(msg.clone());
+            record.status = Some(CONTEXT_LIMIT.into());
+            record.finish_reason = CONTEXT_LIMIT.into();
+            record.error = Some(err.to_string());
+            if let Some(text) = forced_text {
+                trial.lock().script.push_front(text);
+            }
             trial.push(record, conv, opts, None);
-            return Err(ProxyError::ContextLength(msg));
+            return Err(err);
         }
     }
     let request = GenerateRequest {
@@ -505,15 +513,17 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
     let out = match result {
         Ok(out) => out,
         Err(e) => {
-            let context = matches!(e, EngineError::ContextLength { .. });
-            record.status = Some(if context { "context_limit" } else { "infra_error" }.into());
-            record.error = Some(e.to_string());
+            let err = match e {
+                EngineError::ContextLength { prompt, context } => {
+                    ProxyError::ContextLength { prompt, context }
+                }
+                e => ProxyError::Backend(e.to_string()),
+            };
+            let context = matches!(err, ProxyError::ContextLength { .. });
+            record.status = Some(if context { CONTEXT_LIMIT } else { "infra_error" }.into());
+            record.error = Some(err.to_string());
             trial.push(record, conv, opts, None);
-            return Err(if context {
-                ProxyError::ContextLength(e.to_string())
-            } else {
-                ProxyError::Backend(e.to_string())
-            });
+            return Err(err);
         }
     };
     let ids = tool_call_ids(trial, api, index);

@@ -44,6 +44,10 @@ pub struct ProxyConfig {
     pub return_routing: bool,
     /// The model id answered by `/v1/models` and echoed in responses when a request names none.
     pub model_name: String,
+    /// Context window offered to harnesses, in tokens (prompt plus at least one generated
+    /// token); None: the backend's. A longer prompt is refused in the API provider's own words,
+    /// which harnesses answer by compacting.
+    pub max_context: Option<usize>,
 }
 
 impl Default for ProxyConfig {
@@ -59,6 +63,7 @@ impl Default for ProxyConfig {
             },
             return_routing: true,
             model_name: "policy".into(),
+            max_context: None,
         }
     }
 }
@@ -72,8 +77,10 @@ pub enum ProxyError {
     TooLarge { limit: usize },
     #[error("{0}")]
     BadRequest(String),
-    #[error("{0}")]
-    ContextLength(String),
+    /// The prompt does not fit the model's context; each API answers in its provider's words
+    /// (see `routes::error_response`), which harnesses parse to compact and retry.
+    #[error("prompt of {prompt} tokens does not fit the model's context of {context} tokens")]
+    ContextLength { prompt: usize, context: usize },
     #[error("inference backend unavailable: {0}")]
     Backend(String),
 }

@@ -56,24 +56,33 @@ pub(crate) fn error_response(api: Api, err: &ProxyError) -> Response {
             "invalid_request_error",
             "request_too_large",
         ),
-        ProxyError::BadRequest(_) | ProxyError::ContextLength(_) => (
+        ProxyError::BadRequest(_) | ProxyError::ContextLength { .. } => (
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "invalid_request_error",
         ),
         ProxyError::Backend(_) => (StatusCode::BAD_GATEWAY, "server_error", "overloaded_error"),
     };
-    let message = err.to_string();
     match api {
         Api::OpenAi => {
-            let code = match err {
-                ProxyError::UnknownTrial => json!("invalid_api_key"),
-                ProxyError::ContextLength(_) => json!("context_length_exceeded"),
-                _ => json!(null),
+            let (message, param, code) = match err {
+                ProxyError::UnknownTrial => (err.to_string(), json!(null), json!("invalid_api_key")),
+                // OpenAI's own words and code; clients (litellm, the OpenAI SDK's users) match
+                // `context_length_exceeded`.
+                &ProxyError::ContextLength { prompt, context } => (
+                    format!(
+                        "This model's maximum context length is {context} tokens. However, your \
+                         messages resulted in {prompt} tokens. Please reduce the length of the \
+                         messages."
+                    ),
+                    json!("messages"),
+                    json!("context_length_exceeded"),
+                ),
+                _ => (err.to_string(), json!(null), json!(null)),
             };
             (
                 status,
-                Json(json!({"error": {"message": message, "type": otype, "param": null, "code": code}})),
+                Json(json!({"error": {"message": message, "type": otype, "param": param, "code": code}})),
             )
                 .into_response()
         }
@@ -83,6 +92,16 @@ pub(crate) fn error_response(api: Api, err: &ProxyError) -> Response {
                 StatusCode::from_u16(529).expect("valid")
             } else {
                 status
+            };
+            let message = match err {
+                // Anthropic's exact words: Claude Code matches
+                // /^prompt is too long: \d+ tokens > \d+ maximum$/ and compacts by the gap. The
+                // maximum is the longest prompt accepted (one position is left to generate in).
+                &ProxyError::ContextLength { prompt, context } => format!(
+                    "prompt is too long: {prompt} tokens > {} maximum",
+                    context.saturating_sub(1)
+                ),
+                _ => err.to_string(),
             };
             (
                 status,

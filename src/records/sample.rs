@@ -131,4 +131,12 @@ pub struct AlignStats {
     /// Samples left without routing because some position had none recorded.
     #[serde(default)]
     pub samples_without_routing: u64,
+    /// Requests the proxy refused for not fitting the context (nothing was generated, so they
+    /// are not turns; the harness may have compacted and gone on).
+    #[serde(default)]
+    pub context_refusals: u64,
+    /// Trajectories aligned without the policy's tokenizer (no `--model`, and none named by the
+    /// trajectory loads): their text-based statistics are approximate.
+    #[serde(default)]
+    pub without_tokenizer: u64,
 }

@@ -196,6 +196,7 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             clip_fraction: Some(0.1),
             logprob_pearson: Some(0.999),
             expert_overlap: Some(0.97),
+            routing_replay: Some(true),
             groups: 2,
             valid_trajectories: 15,
             infra_failed_trajectories: 1,

@@ -161,7 +161,8 @@ pub struct Generation {
     /// Seconds: `queue`, `prefill`, `decode`, `total`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub timings: BTreeMap<String, f64>,
-    /// `ok`, `client_disconnected`, `infra_error`, `malformed_tool_call`, ...
+    /// `ok`, `client_disconnected`, `infra_error`, `malformed_tool_call`, `context_limit` (the
+    /// prompt did not fit the model's context and was refused, [`CONTEXT_LIMIT`]), ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -284,6 +285,17 @@ impl Trajectory {
         kinds
     }
 }
+
+/// A generation's `status` when the proxy refused its prompt for not fitting the model's context.
+pub const CONTEXT_LIMIT: &str = "context_limit";
+
+/// `metadata` key: the tokenizer and chat template folder the proxy used (absolute), which
+/// align loads when it is not given `--model`.
+pub const CHAT_MODEL: &str = "chat_model";
+
+/// `metadata` key: how many of the trial's requests were refused for the context (present when
+/// any were; the harness may have compacted and gone on).
+pub const CONTEXT_REFUSALS: &str = "context_refusals";
 
 /// `GraderResult::reason` of a trial whose diff tried to change how it is graded (reward 0).
 pub const GRADER_TAMPERING: &str = "grader_tampering";

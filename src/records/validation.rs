@@ -59,6 +59,10 @@ pub struct StepMetrics {
     /// Fraction of (token, layer) top-k sets where the trainer's own routing equals the recorded one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_overlap: Option<f64>,
+    /// Whether the trainer replayed the recorded routing (R3) when it computed the log-probs the
+    /// `logprob_*` agreement figures compare (`train-step --replay`); null for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_replay: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staleness_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -114,6 +114,8 @@ pub struct RolloutConfig {
     pub cache_dir: PathBuf,
     /// Device of the embedded engine (`cpu`, `cuda`, `cuda:N`).
     pub device: String,
+    /// Context window offered to the harnesses (None: the backend's).
+    pub max_context: Option<usize>,
     /// Draw progress bars (the caller decides: TTY, not quiet).
     pub progress: bool,
 }
@@ -171,6 +173,8 @@ pub struct Shared {
     pub engine: Engine,
     pub proxy: Proxy,
     pub chat: Arc<ChatFormat>,
+    /// The tokenizer and chat template folder, absolute (recorded in every trajectory).
+    pub chat_dir: PathBuf,
     pub harness: Harness,
     pub forced: Forced,
     pub run_id: String,
@@ -439,6 +443,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         backend.clone(),
         ProxyConfig {
             sampling: cfg.sampling.clone(),
+            max_context: cfg.max_context,
             ..ProxyConfig::default()
         },
     );
@@ -462,6 +467,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         engine: engine.clone(),
         proxy: proxy.clone(),
         chat,
+        chat_dir: std::path::absolute(&chat_dir).unwrap_or(chat_dir),
         backend_id: backend.id(),
         harness,
         forced,

@@ -10,7 +10,10 @@ use serde_json::{json, Value};
 use super::Shared;
 use crate::chat::ToolCallIds;
 use crate::harness::{HarnessConfig, Launch, TrialContext};
-use crate::records::{AuditEvent, Generation, Record, Task, Termination, Trajectory};
+use crate::records::{
+    AuditEvent, Generation, Record, Task, Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT,
+    CONTEXT_REFUSALS,
+};
 use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult};
 
 /// Where the harness runtime is mounted in the container.
@@ -185,6 +188,15 @@ fn trajectory(
     let mut metadata = serde_json::Map::new();
     metadata.insert("run_id".into(), json!(shared.run_id));
     metadata.insert("image".into(), json!(spec.image));
+    // align finds the policy's tokenizer here without --model.
+    metadata.insert(CHAT_MODEL.into(), json!(shared.chat_dir));
+    let refused = generations
+        .iter()
+        .filter(|g| g.status.as_deref() == Some(CONTEXT_LIMIT))
+        .count();
+    if refused > 0 {
+        metadata.insert(CONTEXT_REFUSALS.into(), json!(refused));
+    }
     if let Some(code) = exit_code {
         metadata.insert("agent_exit_code".into(), json!(code));
     }
@@ -234,7 +246,8 @@ fn tail(s: &str, n: usize) -> String {
 
 /// How a trial ended, refining the sandbox's view with the captures and the harness's own exit
 /// status (`status`, from [`HarnessConfig::exit_status`]): a model-side failure is
-/// `infra:model`; a prompt over the context is `context_limit`; a status the adapter lists
+/// `infra:model`; a trial whose last request was refused for the context is `context_limit`
+/// (one that recovered from an earlier refusal is judged on); a status the adapter lists
 /// decides `finished` / `max_turns` / `agent_crash`; otherwise an adapter's turn-budget exit
 /// code, or a main thread that used the whole turn budget, is `max_turns`.
 pub fn classify(
@@ -247,13 +260,13 @@ pub fn classify(
     if sandbox.is_infra() {
         return sandbox.clone();
     }
-    let context = generations.iter().any(|g| {
-        g.extra.contains_key("context_limit")
-            || g.error
-                .as_deref()
-                .is_some_and(|e| e.contains("does not fit the context"))
-    });
-    if context {
+    // The proxy records a prompt it refused for the context as `status: "context_limit"`. A
+    // harness that recovers (compacts and goes on) is judged by what it did next; one whose last
+    // request was refused ended on the context limit, whatever it then printed.
+    if generations
+        .last()
+        .is_some_and(|g| g.status.as_deref() == Some(CONTEXT_LIMIT))
+    {
         return Termination::ContextLimit;
     }
     if generations
@@ -450,21 +463,21 @@ mod tests {
             ),
             Termination::AgentCrash
         );
+        // The last request refused for the context: `context_limit`, however the harness exited;
+        // a refusal the harness recovered from (it compacted and went on) does not decide.
         let mut ctx = ok.clone();
-        ctx.push(Generation {
-            status: Some("infra_error".into()),
-            error: Some("prompt of 5000 tokens does not fit the context of 4096 tokens".into()),
-            ..Default::default()
-        });
+        ctx.push(gen(0, CONTEXT_LIMIT));
+        for sandbox in [Termination::AgentCrash, Termination::Finished] {
+            assert_eq!(
+                classify(&sandbox, Some(1), &ctx, &harness(50, &[], false), None),
+                Termination::ContextLimit
+            );
+        }
+        let mut recovered = ctx.clone();
+        recovered.push(gen(1, "ok"));
         assert_eq!(
-            classify(
-                &Termination::AgentCrash,
-                Some(1),
-                &ctx,
-                &harness(50, &[], false),
-                None
-            ),
-            Termination::ContextLimit
+            classify(&fin, Some(0), &recovered, &harness(50, &[], false), None),
+            fin
         );
         let mut down = ok.clone();
         down.push(gen(0, "infra_error"));

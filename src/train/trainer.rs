@@ -61,6 +61,10 @@ pub struct Settings {
     pub zero: bool,
     /// Elements per gradient bucket (one all-reduce or reduce-scatter each).
     pub bucket_elems: i64,
+    /// Routing replay (R3): MoE layers use the recorded experts. Off, the router picks its own
+    /// and the record is only compared with them (the paper's ablation: agreement with vs
+    /// without replay).
+    pub replay: bool,
 }
 
 /// Default gradient bucket: 25 MiB of fp32, as PyTorch DDP.
@@ -83,6 +87,7 @@ impl Default for Settings {
             optim: AdamWConfig::default(),
             zero: false,
             bucket_elems: DEFAULT_BUCKET_ELEMS,
+            replay: true,
         }
     }
 }
@@ -128,7 +133,10 @@ struct MbInputs {
     next: Tensor,
     /// Block-diagonal mask when several sequences are packed.
     mask: Option<Tensor>,
-    replay: Option<Tensor>,
+    /// The recorded experts (`-1` rows: none recorded), `[tokens, moe layers, k]`.
+    recorded: Option<Tensor>,
+    /// Whether the forward replays `recorded` (R3) or only compares with it.
+    replay: bool,
     /// (offset, rows) of each sequence's recorded routing.
     recorded_rows: Vec<(i64, i64)>,
 }
@@ -139,7 +147,7 @@ impl MbInputs {
             tokens: &self.tokens,
             positions: &self.positions,
             mask: self.mask.as_ref().map_or(AttnMask::Causal, AttnMask::Packed),
-            replay: self.replay.as_ref(),
+            replay: self.recorded.as_ref().filter(|_| self.replay),
         }
     }
 }
@@ -166,7 +174,7 @@ impl Trainer {
     }
 
     /// The packed input tensors of micro-batch `mb` (its sequences concatenated into one row).
-    fn inputs(&self, batch: &Batch, mb: &[usize]) -> MbInputs {
+    fn inputs(&self, batch: &Batch, mb: &[usize], use_replay: bool) -> MbInputs {
         let dev = self.model.device();
         let moe_l = self.model.lm.moe_layers() as i64;
         let k = self.model.cfg().num_experts_per_tok;
@@ -216,22 +224,26 @@ impl Trainer {
             at: at_t,
             next,
             mask,
-            replay: replay_t,
+            recorded: replay_t,
+            replay: use_replay,
             recorded_rows,
         }
     }
 
     /// Log-probs (no gradients) of micro-batch `mb`, plus entropy and expert overlap with
     /// `extras`.
-    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool, chunk: Option<usize>) -> MbOut {
-        let inp = self.inputs(batch, mb);
+    fn forward(&self, batch: &Batch, mb: &[usize], extras: bool, s: &Settings) -> MbOut {
+        let inp = self.inputs(batch, mb, s.replay);
         let out = self.model.lm.forward(&inp.forward_input(), None);
-        let (lp, entropy) =
-            self.model
-                .lm
-                .next_token_logprobs_chunked(&out.hidden, &inp.at, &inp.next, extras, chunk);
+        let (lp, entropy) = self.model.lm.next_token_logprobs_chunked(
+            &out.hidden,
+            &inp.at,
+            &inp.next,
+            extras,
+            s.logprob_chunk,
+        );
         let mut overlap = (0, 0);
-        if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &inp.replay) {
+        if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &inp.recorded) {
             for &(off, rows) in &inp.recorded_rows {
                 let (a, _) = own.narrow(0, off, rows).sort(-1, false);
                 let (b, _) = rec.narrow(0, off, rows).sort(-1, false);
@@ -244,21 +256,14 @@ impl Trainer {
     }
 
     /// Per-sequence log-probs of the policy tokens without gradients (plus extras on request).
-    fn score(
-        &self,
-        batch: &Batch,
-        idx: &[usize],
-        budget: usize,
-        extras: bool,
-        chunk: Option<usize>,
-    ) -> Scored {
+    fn score(&self, batch: &Batch, idx: &[usize], budget: usize, extras: bool, s: &Settings) -> Scored {
         let _g = tch::no_grad_guard();
         let mut per_seq = vec![Vec::new(); batch.seqs.len()];
         // (Σ entropy, count) of the sampled positions.
         let mut entropy = (0.0, 0.0);
         let mut overlap = (0, 0);
         for mb in micro_batches(&batch.seqs, idx, budget) {
-            let out = self.forward(batch, &mb, extras, chunk);
+            let out = self.forward(batch, &mb, extras, s);
             let lp = Vec::<f64>::try_from(out.lp.to_kind(Kind::Double)).expect("invariant: 1-d f64");
             if let Some(e) = out.entropy {
                 let e = Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64");
@@ -302,14 +307,8 @@ impl Trainer {
         self.prepare_optimizer(&params, s, pg)?;
         let budget = s.micro_batch_tokens.max(1);
         let (world, rank) = (pg.world_size(), pg.rank());
-        // Pass 1: π_old with replayed routing, plus diagnostics, each rank on its shard.
-        let (mine, ent, overlap) = self.score(
-            &batch,
-            &shard(&batch, &all, world, rank),
-            budget,
-            true,
-            s.logprob_chunk,
-        );
+        // Pass 1: π_old (with replayed routing unless `s.replay` is off), plus diagnostics, each rank on its shard.
+        let (mine, ent, overlap) = self.score(&batch, &shard(&batch, &all, world, rank), budget, true, s);
         let old = combine_per_seq(pg, &batch, &all, mine, "π_old log-probs (pass 1)")?;
         let d = sum_scalars(
             pg,
@@ -342,7 +341,7 @@ impl Trainer {
             let cur = if u == 0 {
                 old.clone()
             } else {
-                let mine = self.score(&batch, &my_idx, budget, false, s.logprob_chunk).0;
+                let mine = self.score(&batch, &my_idx, budget, false, s).0;
                 combine_per_seq(
                     pg,
                     &batch,
@@ -418,7 +417,7 @@ impl Trainer {
                 let coef = Tensor::from_slice(&coef)
                     .to_device(self.model.device())
                     .to_kind(Kind::Float);
-                let inp = self.inputs(&batch, &mb);
+                let inp = self.inputs(&batch, &mb, s.replay);
                 let lm = &self.model.lm;
                 let head = |hidden: &Tensor| {
                     lm.backward_logprobs(hidden, &inp.at, &inp.next, &coef, s.logprob_chunk)
@@ -454,6 +453,7 @@ impl Trainer {
                 elapsed,
             },
         );
+        m.routing_replay = (self.model.lm.moe_layers() > 0).then_some(s.replay);
         self.memory_metrics(&mut m, &params, pg);
         Ok(m)
     }
@@ -535,6 +535,7 @@ impl Trainer {
             logprob_max_abs_diff: max_abs,
             logprob_kl: kl,
             expert_overlap: (overlap.1 > 0).then(|| overlap.0 as f64 / overlap.1 as f64),
+            routing_replay: None,
             staleness_mean: mean(&staleness.iter().map(|&x| x as f64).collect::<Vec<_>>()),
             staleness_max: staleness.iter().copied().max(),
             seconds: Some(f.elapsed),

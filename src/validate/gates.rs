@@ -66,7 +66,13 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         "logprob_pearson",
         Op::AtLeast,
         0.99,
-        "rollout vs trainer log-prob Pearson (StepMetrics)",
+        "rollout vs trainer log-prob Pearson with routing replay (StepMetrics)",
+    ),
+    (
+        "logprob_pearson_without_replay",
+        Op::AtLeast,
+        0.98,
+        "the same Pearson on steps trained with `--replay off` (the R3 ablation)",
     ),
     (
         "expert_overlap",
@@ -325,7 +331,9 @@ const RUN_LEVEL: &[&str] = &["train_reward_drop", "heldout_reward_drop"];
 
 fn metric(name: &str, m: &StepMetrics) -> Option<f64> {
     match name {
-        "logprob_pearson" => m.logprob_pearson,
+        // A dense model (no replay to speak of) counts as replayed.
+        "logprob_pearson" => m.logprob_pearson.filter(|_| m.routing_replay != Some(false)),
+        "logprob_pearson_without_replay" => m.logprob_pearson.filter(|_| m.routing_replay == Some(false)),
         "expert_overlap" => m.expert_overlap,
         "staleness_max" => m.staleness_max.map(|v| v as f64),
         "zero_variance_group_fraction" => m.zero_variance_group_fraction,

@@ -24,7 +24,7 @@ use crate::common::{docker_available, lego, root};
 use crate::rollout::{chat_dir, fixture, leftovers, read, TASK};
 
 /// The tiny MoE's weights and tokenizer with `max_position_embeddings` raised to 40960.
-fn long_context_moe() -> PathBuf {
+pub(crate) fn long_context_moe() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let src = crate::model::tiny_moe();
@@ -97,6 +97,11 @@ fn tool_names<'a>(request: &'a Value, name_at: &str) -> Vec<&'a str> {
 
 /// Runs one trial of `harness` on the inflection task; returns the trajectory and the temp dir.
 fn episode(harness: &str) -> (Trajectory, tempfile::TempDir) {
+    episode_with(harness, &forced(harness), &[])
+}
+
+/// [`episode`] with another forced script and extra rollout arguments.
+fn episode_with(harness: &str, script: &Path, extra: &[&str]) -> (Trajectory, tempfile::TempDir) {
     let fx = fixture();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("traj.jsonl.zst");
@@ -113,7 +118,8 @@ fn episode(harness: &str) -> (Trajectory, tempfile::TempDir) {
         .arg("--chat-model")
         .arg(chat_dir())
         .arg("--forced")
-        .arg(forced(harness))
+        .arg(script)
+        .args(extra)
         .args([
             "--max-turns",
             "10",
@@ -264,4 +270,113 @@ fn openhands_sdk_episode_inspects_edits_tests_and_gets_reward_1() {
         tools.contains(&"terminal") && tools.contains(&"finish"),
         "{tools:?}"
     );
+}
+
+/// Context overflow the way Claude Code meets it: the proxy offers a 24300-token context
+/// (`rollout --max-context`; the CLI's first request alone is ~19.6k tokens), a long command
+/// output fills it within three turns, and the fourth request is refused with Anthropic's 400
+/// "prompt is too long: N tokens > M maximum". The CLI compacts on it by itself: its summary
+/// request is refused too, a retry with the head of the conversation cut off fits and is
+/// answered (scripted, in the <analysis>/<summary> form it asks for), and the session goes on
+/// from the summary, edits, tests and finishes. A refused request uses no scripted output, so
+/// the script is the accepted answers in order (testdata/rollout/inflection-claude-code-compact.json;
+/// the episode avoids reading files, which the CLI would re-attach whole after compacting).
+#[test]
+fn claude_code_compacts_on_the_proxys_context_refusal_and_finishes() {
+    if !docker_available() {
+        return;
+    }
+    let script = root().join("testdata/rollout/inflection-claude-code-compact.json");
+    let (t, dir) = episode_with("claude-code", &script, &["--max-context", "24300"]);
+    let statuses: Vec<&str> = t
+        .generations
+        .iter()
+        .map(|g| g.status.as_deref().unwrap_or(""))
+        .collect();
+    let refused = statuses.iter().filter(|s| **s == "context_limit").count();
+    assert!(refused >= 1, "{statuses:?}");
+    assert_eq!(t.metadata["context_refusals"], refused, "{:?}", t.metadata);
+    // Honest termination: it recovered and submitted, graded 1.
+    assert_eq!(t.termination, Termination::Finished, "{statuses:?}");
+    assert_eq!(t.reward, Some(1.0), "grader: {:?}", t.grader);
+    assert_eq!(t.metadata["agent_exit_status"], "success");
+    let last = t.generations.last().unwrap();
+    assert_eq!(last.status.as_deref(), Some("ok"));
+    // The compaction: the session that goes on is a new thread whose history is the summary.
+    let continued = t
+        .generations
+        .iter()
+        .find(|g| {
+            g.request["messages"][0]
+                .to_string()
+                .contains("continued from a previous conversation")
+        })
+        .expect("a request continuing from the summary");
+    assert!(continued.thread > 0 && continued.status.as_deref() == Some("ok"));
+    assert!(continued.request["messages"][0]
+        .to_string()
+        .contains("number % 100"));
+    let ok: Vec<_> = t
+        .generations
+        .iter()
+        .filter(|g| g.status.as_deref() == Some("ok"))
+        .collect();
+    assert_eq!(
+        ok.len(),
+        script_len(&script),
+        "one accepted request per scripted answer"
+    );
+
+    // align without --model finds the tokenizer the trajectory names; its statistics equal
+    // those with --model, count the refusals (not as dropped turns) and train exactly the
+    // generated tokens.
+    let traj = dir.path().join("traj.jsonl.zst");
+    let stats = |model: Option<&Path>| -> (AlignStats, Vec<Sample>) {
+        let tag = if model.is_some() { "model" } else { "auto" };
+        let (samples, stats) = (
+            dir.path().join(format!("s-{tag}.jsonl.zst")),
+            dir.path().join(format!("a-{tag}.jsonl.zst")),
+        );
+        let mut cmd = lego();
+        cmd.args(["align", "-i"])
+            .arg(&traj)
+            .arg("-o")
+            .arg(&samples)
+            .arg("--stats")
+            .arg(&stats);
+        if let Some(m) = model {
+            cmd.arg("--model").arg(m);
+        }
+        let o = cmd.output().unwrap();
+        assert!(
+            o.status.success(),
+            "align: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let all: Vec<AlignStats> = read_all(&stats, ReadOptions::default()).unwrap();
+        let total = all.into_iter().find(|s| s.trajectory_id.is_none()).unwrap();
+        (total, read_all(&samples, ReadOptions::default()).unwrap())
+    };
+    let (auto, samples) = stats(None);
+    let (with_model, _) = stats(Some(&chat_dir()));
+    assert_eq!(auto, with_model);
+    assert_eq!(auto.without_tokenizer, 0);
+    assert_eq!(auto.context_refusals as usize, refused);
+    assert_eq!(auto.dropped_turns, 0, "{auto:?}");
+    assert!(auto.threads >= 2, "{auto:?}");
+    let generated: usize = ok.iter().map(|g| g.output_ids.len()).sum();
+    assert_eq!(auto.policy_tokens as usize, generated, "{auto:?}");
+    let trained: usize = samples.iter().map(|s| s.loss_mask.count_ones()).sum();
+    assert_eq!(trained, generated);
+    assert_trainer_reproduces_rollout(
+        &long_context_moe(),
+        &samples,
+        &dir.path().join("ckpt"),
+        auto.policy_tokens,
+    );
+}
+
+fn script_len(path: &Path) -> usize {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["tasks"][TASK][0].as_array().unwrap().len()
 }

@@ -2,6 +2,7 @@
 
 mod adversarial;
 mod align;
+mod align_traffic;
 mod chat;
 mod cli;
 mod common;

@@ -483,3 +483,79 @@ async fn anthropic_stop_sequences_answer_stop_sequence_and_cut_the_text() {
         assert_eq!(g.logprobs.to_f32().unwrap().len(), g.output_ids.len());
     }
 }
+
+/// A prompt over `max_context` is refused in each API's words and recorded as `context_limit`;
+/// the scripted output it did not use goes to the next request; rollout's `classify` on what the
+/// proxy itself recorded: `context_limit` when the last request was refused, the harness's own
+/// outcome when it recovered (compacted and went on).
+#[tokio::test(flavor = "multi_thread")]
+async fn context_refusals_are_recorded_and_decide_the_termination_only_when_last() {
+    use lego_rl::harness::Harness;
+    use lego_rl::records::{Termination, CONTEXT_LIMIT};
+    use lego_rl::rollout::trial::classify;
+
+    let mut c = cfg();
+    c.max_context = Some(64);
+    let (proxy, base) = start(c).await;
+    let (token, trial) = proxy.register_trial("ctx/0/0");
+    trial.push_script(["Short answer.".to_string()]);
+    let long = "hello ".repeat(80);
+    let anthropic =
+        |text: &str| json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]});
+    let (s, v) = post(&format!("{base}/t/{token}/v1/messages"), &anthropic(&long)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    let (prompt, max) = msg
+        .strip_prefix("prompt is too long: ")
+        .and_then(|m| m.strip_suffix(" maximum"))
+        .and_then(|m| m.split_once(" tokens > "))
+        .unwrap_or_else(|| panic!("not Anthropic's wording: {msg}"));
+    assert!(prompt.parse::<usize>().unwrap() > 64 && max == "63", "{msg}");
+    let openai = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": long}]});
+    let (s, v) = post(&format!("{base}/t/{token}/v1/chat/completions"), &openai).await;
+    assert_eq!(
+        (s, &v["error"]["code"]),
+        (400, &json!("context_length_exceeded")),
+        "{v}"
+    );
+
+    let harness = Harness::load(&crate::common::root().join("examples/harnesses/claude-code.toml"))
+        .unwrap()
+        .config;
+    let refused = trial.generations();
+    assert_eq!(refused.len(), 2);
+    for g in &refused {
+        assert_eq!(g.status.as_deref(), Some(CONTEXT_LIMIT), "{g:?}");
+        assert!(g.output_ids.is_empty() && g.prompt_ids.len() >= 64);
+    }
+    // The harness printed its error and exited 0 ("success" in its stream): the episode still
+    // ended on the context limit.
+    assert_eq!(
+        classify(
+            &Termination::Finished,
+            Some(0),
+            &refused,
+            &harness,
+            Some("success")
+        ),
+        Termination::ContextLimit
+    );
+    // It compacts and asks again with a prompt that fits: the scripted output was kept for it.
+    let (s, v) = post(&format!("{base}/t/{token}/v1/messages"), &anthropic("hi")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["content"][0]["text"], "Short answer.");
+    let recovered = trial.generations();
+    assert_eq!(recovered.last().unwrap().status.as_deref(), Some("ok"));
+    assert_eq!(
+        classify(
+            &Termination::Finished,
+            Some(0),
+            &recovered,
+            &harness,
+            Some("success")
+        ),
+        Termination::Finished
+    );
+}

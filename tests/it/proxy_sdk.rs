@@ -517,6 +517,7 @@ async fn sdk_errors_come_in_each_apis_shape_and_are_captured() {
             "max_body_bytes": c.max_body_bytes,
             // ~1 token per word: over the tiny model's 4096-token context, under the body limit.
             "context_words": 5000,
+            "context": 4096,
         })
     };
     let o = sdk("openai_client.py", "errors", &config("/v1")).await;
@@ -529,9 +530,9 @@ async fn sdk_errors_come_in_each_apis_shape_and_are_captured() {
         a["backend_500"]["message"].as_str().unwrap().contains("500"),
         "{a}"
     );
-    // Context overflows are captured for `context_limit` (openai plain + streamed, anthropic).
+    // Context overflows are captured for `context_limit` (plain and streamed, each API).
     let gens = trial.generations();
-    assert_eq!(gens.len(), 3, "{gens:?}");
+    assert_eq!(gens.len(), 4, "{gens:?}");
     for g in &gens {
         assert_eq!(g.status.as_deref(), Some("context_limit"));
         assert!(g.prompt_ids.len() >= 4096 && g.output_ids.is_empty());

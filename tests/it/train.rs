@@ -567,3 +567,69 @@ fn freeze_keeps_matched_parameters_and_rejects_bad_patterns() {
         assert!(!out.exists(), "{pattern}: nothing written to --out");
     }
 }
+
+/// The R3 ablation: samples recorded by the tiny MoE, trained from a copy whose routers were
+/// perturbed. `--replay off` lets the trainer's routers choose (recorded routing only compared),
+/// so its log-probs agree less with the rollout's; both figures are reported, marked by mode, and
+/// `validate` gates each under its own name.
+#[test]
+fn replay_off_reports_lower_agreement_and_overlap_than_replay() {
+    let recorder = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let samples = moe_samples(&recorder);
+    let step = |replay: bool| {
+        let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+        // Strong enough that the first MoE layer's routes move the second's (0.1 is not, on
+        // these 24-token sequences).
+        crate::model::perturb_routers(&model, 0.3);
+        let tmp = tempfile::tempdir().unwrap();
+        let s = Settings { replay, ..settings() };
+        Trainer::new(model)
+            .step(&samples, &tmp.path().join("s.jsonl"), &s)
+            .unwrap()
+    };
+    let (on, off) = (step(true), step(false));
+    eprintln!(
+        "replay on: Pearson {:?} overlap {:?}; off: Pearson {:?} overlap {:?}",
+        on.logprob_pearson, on.expert_overlap, off.logprob_pearson, off.expert_overlap
+    );
+    assert_eq!((on.routing_replay, off.routing_replay), (Some(true), Some(false)));
+    assert!(off.logprob_pearson.unwrap() < on.logprob_pearson.unwrap());
+    assert!(off.logprob_max_abs_diff.unwrap() > on.logprob_max_abs_diff.unwrap());
+    assert!(off.expert_overlap.unwrap() < on.expert_overlap.unwrap());
+
+    // The CLI flag, and validate's gates on a run holding one step of each mode.
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("samples.jsonl.zst");
+    write_samples(&input, &moe_samples(&model));
+    let metrics = tmp.path().join("metrics.jsonl.zst");
+    train_step(&input, &tmp.path().join("step-1"))
+        .args(["--replay", "off", "--metrics"])
+        .arg(&metrics)
+        .assert()
+        .success();
+    let m = &read_metrics(&metrics)[0];
+    assert_eq!(m.routing_replay, Some(false));
+    assert!(m.logprob_pearson.is_some() && m.expert_overlap.is_some());
+    let out = lego()
+        .args(["validate", "--json", "--no-report"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let gate = |name: &str| {
+        report["report"]["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no gate {name}: {report}"))
+    };
+    assert_eq!(
+        gate("logprob_pearson_without_replay")["value"],
+        serde_json::json!(m.logprob_pearson)
+    );
+    assert!(gate("logprob_pearson")["value"].is_null(), "{report}");
+}

@@ -5,6 +5,7 @@ any failed assertion exits non-zero with a traceback.
 """
 
 import json
+import re
 import sys
 
 import anthropic
@@ -156,9 +157,15 @@ def errors(cfg):
     e = expect_error(create(cfg["url"], "x" * (cfg["max_body_bytes"] + 1000)), anthropic.ContentTooLargeError)
     assert e["body"]["error"]["type"] == "request_too_large", e
     out["too_large"] = e
-    e = expect_error(create(cfg["url"], "hello " * cfg["context_words"]), anthropic.BadRequestError)
-    assert e["body"]["error"]["type"] == "invalid_request_error" and "context" in e["body"]["error"]["message"], e
-    out["context"] = e
+    # Anthropic's own answer to an overlong prompt, the one Claude Code compacts on: it matches
+    # /^prompt is too long: \d+ tokens > \d+ maximum$/ on the error message.
+    for stream in (False, True):
+        e = expect_error(create(cfg["url"], "hello " * cfg["context_words"], stream=stream), anthropic.BadRequestError)
+        assert e["status"] == 400 and e["body"]["type"] == "error", e
+        assert e["body"]["error"]["type"] == "invalid_request_error", e
+        m = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", e["body"]["error"]["message"])
+        assert m and int(m.group(1)) > int(m.group(2)) == cfg["context"] - 1, e
+        out["context_stream" if stream else "context"] = e
     for name in ("backend_500", "backend_down"):
         e = expect_error(create(cfg[name]), anthropic.OverloadedError)
         assert e["status"] == 529 and e["body"]["error"]["type"] == "overloaded_error", e

@@ -7,6 +7,7 @@ checks the proxy's captures against what is printed here.
 
 import asyncio
 import json
+import re
 import sys
 
 import openai
@@ -313,10 +314,19 @@ def errors(cfg):
     out["context"] = expect_error(
         create(cfg["url"], messages=[{"role": "user", "content": long}]), openai.BadRequestError
     )
-    assert out["context"]["body"]["code"] == "context_length_exceeded", out
     out["context_stream"] = expect_error(
         create(cfg["url"], messages=[{"role": "user", "content": long}], stream=True), openai.BadRequestError
     )
+    # OpenAI's shape and words: code `context_length_exceeded`, param `messages`.
+    for key in ("context", "context_stream"):
+        e = out[key]
+        assert e["status"] == 400 and e["body"]["code"] == "context_length_exceeded", e
+        assert e["body"]["type"] == "invalid_request_error" and e["body"]["param"] == "messages", e
+        assert re.fullmatch(
+            r"This model's maximum context length is (\d+) tokens\. However, your messages resulted in "
+            r"(\d+) tokens\. Please reduce the length of the messages\.",
+            e["body"]["message"],
+        ), e
     for name in ("backend_500", "backend_down"):
         e = expect_error(create(cfg[name]), openai.InternalServerError)
         assert e["status"] == 502 and e["body"]["type"] == "server_error", e
