@@ -185,7 +185,7 @@ fn engine_vs_trainer(model: &Model, steps: usize) -> Vec<(Vec<f64>, Vec<f64>)> {
 
 /// The engine's recurrent decode and the trainer's chunked forward compute the same log-probs
 /// over 520 generated tokens (8 chunks of the delta rule): Pearson ≥ 0.99999, max |Δ| ≤ 1e-4 in
-/// fp32. The bf16 figures are printed (not gated: bf16 rounding differs between the two forms).
+/// fp32.
 #[test]
 fn recurrent_decode_matches_chunked_forward_over_520_tokens() {
     let dir = tiny_qwen35();
@@ -201,6 +201,15 @@ fn recurrent_decode_matches_chunked_forward_over_520_tokens() {
     eprintln!("fp32 engine (recurrent) vs trainer (chunked): pearson {r:.9}, max |Δ| {d:.3e}");
     assert!(r >= 0.99999, "pearson {r}");
     assert!(d <= 1e-4, "max |Δ| {d}");
+}
+
+/// The same comparison in bf16, printed, not gated (bf16 rounds differently in the two forms);
+/// minutes on CPU, so run by hand: `cargo test --release --test it -- --ignored bf16_figures
+/// --nocapture`. Measured: Pearson 1.000000, max |Δ| 9.8e-4.
+#[test]
+#[ignore]
+fn recurrent_decode_vs_chunked_forward_bf16_figures() {
+    let dir = tiny_qwen35();
     let bf16 = Model::load(&dir, Device::Cpu, Some(Kind::BFloat16)).unwrap();
     let (mut e16, mut t16) = (Vec::new(), Vec::new());
     for (e, t) in engine_vs_trainer(&bf16, 520) {
