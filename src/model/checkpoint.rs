@@ -330,16 +330,22 @@ fn tensor_names(path: &Path) -> Result<Vec<String>, ModelError> {
         source,
     })?;
     let mut len = [0u8; 8];
-    f.read_exact(&mut len).map_err(|e| bad(format!("no header: {e}")))?;
+    f.read_exact(&mut len)
+        .map_err(|e| bad(format!("no header: {e}")))?;
     let len = u64::from_le_bytes(len);
     if len > 100_000_000 {
         return Err(bad(format!("header of {len} bytes")));
     }
     let mut header = vec![0u8; len as usize];
-    f.read_exact(&mut header).map_err(|e| bad(format!("truncated header: {e}")))?;
+    f.read_exact(&mut header)
+        .map_err(|e| bad(format!("truncated header: {e}")))?;
     let map: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&header).map_err(|e| bad(format!("invalid header: {e}")))?;
-    Ok(map.into_iter().map(|(k, _)| k).filter(|k| k != "__metadata__").collect())
+    Ok(map
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k != "__metadata__")
+        .collect())
 }
 
 fn write_safetensors(path: &Path, entries: &[Entry]) -> Result<(), ModelError> {

@@ -23,7 +23,13 @@ use serde_json::Value;
 use super::ModelError;
 
 /// `model_type`s the model code implements.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+];
 
 /// `architectures` entries the model code implements (the text model of the Qwen3.5 wrapper).
 const SUPPORTED_ARCHITECTURES: &[&str] = &[
@@ -190,7 +196,13 @@ impl Config {
             (None, true) => return Err("missing required key `text_config` (model_type qwen3_5_moe)".into()),
             _ => serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?,
         };
-        let key = |k: &str| if wrapped { format!("text_config.{k}") } else { k.to_string() };
+        let key = |k: &str| {
+            if wrapped {
+                format!("text_config.{k}")
+            } else {
+                k.to_string()
+            }
+        };
         let req = |v: Option<i64>, k: &str| v.ok_or_else(|| format!("missing required key `{}`", key(k)));
         let hybrid = matches!(family.as_str(), "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text");
         let rope_theta = match (raw.rope_theta, &raw.rope_parameters) {
@@ -218,7 +230,10 @@ impl Config {
         let num_experts = raw.num_experts.or(raw.num_local_experts).unwrap_or(0);
         let is_moe = family.contains("moe") || family == "qwen3_next" || num_experts > 0;
         if is_moe && num_experts == 0 {
-            return Err(format!("missing required key `{}` (or `num_local_experts`)", key("num_experts")));
+            return Err(format!(
+                "missing required key `{}` (or `num_local_experts`)",
+                key("num_experts")
+            ));
         }
         let hidden_size = req(raw.hidden_size, "hidden_size")?;
         let num_attention_heads = req(raw.num_attention_heads, "num_attention_heads")?;
@@ -406,7 +421,11 @@ impl Config {
 
 /// `layer_types` when given (its length must be `num_hidden_layers`), else every
 /// `full_attention_interval`-th layer full attention (transformers' default, interval 4).
-fn hybrid_layer_types(raw: &Raw, layers: i64, key: &dyn Fn(&str) -> String) -> Result<Vec<LayerType>, String> {
+fn hybrid_layer_types(
+    raw: &Raw,
+    layers: i64,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Vec<LayerType>, String> {
     match &raw.layer_types {
         Some(types) => {
             if types.len() as i64 != layers {
@@ -504,7 +523,9 @@ mod tests {
     }
 
     fn real(name: &str) -> Config {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/models/configs").join(name);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/models/configs")
+            .join(name);
         Config::from_file(&path).unwrap()
     }
 
@@ -518,11 +539,25 @@ mod tests {
         assert_eq!(c.rope_theta, 1e7);
         assert!(c.attn_output_gate && c.norm_offset && c.norm_topk_prob);
         assert_eq!(
-            (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+            (
+                c.linear_num_key_heads,
+                c.linear_num_value_heads,
+                c.linear_key_head_dim,
+                c.linear_value_head_dim
+            ),
             (16, 32, 128, 128)
         );
-        assert_eq!((c.num_experts, c.num_experts_per_tok, c.shared_expert_intermediate_size), (256, 8, 512));
-        let full: Vec<usize> = (0..40).filter(|&i| c.layer_types[i] == LayerType::FullAttention).collect();
+        assert_eq!(
+            (
+                c.num_experts,
+                c.num_experts_per_tok,
+                c.shared_expert_intermediate_size
+            ),
+            (256, 8, 512)
+        );
+        let full: Vec<usize> = (0..40)
+            .filter(|&i| c.layer_types[i] == LayerType::FullAttention)
+            .collect();
         assert_eq!(full, vec![3, 7, 11, 15, 19, 23, 27, 31, 35, 39]);
         assert_eq!(c.moe_layers().len(), 40);
         assert!(!c.tie_word_embeddings);
@@ -534,7 +569,13 @@ mod tests {
         assert_eq!(c.text_prefix, "model");
         assert!(c.fused_linear_proj && c.attn_output_gate && c.norm_offset);
         assert_eq!(c.rotary_dim(), 64);
-        assert_eq!(c.layer_types.iter().filter(|&&t| t == LayerType::FullAttention).count(), 12);
+        assert_eq!(
+            c.layer_types
+                .iter()
+                .filter(|&&t| t == LayerType::FullAttention)
+                .count(),
+            12
+        );
         assert_eq!(c.layer_types[3], LayerType::FullAttention);
         assert_eq!(c.layer_types[4], LayerType::LinearAttention);
         assert_eq!((c.num_experts, c.num_experts_per_tok), (512, 10));
@@ -543,21 +584,35 @@ mod tests {
     #[test]
     fn unsupported_families_and_bad_layer_types_are_named() {
         let err = Config::from_json(r#"{"model_type":"llama","rope_theta":1e4}"#).unwrap_err();
-        assert!(err.contains("`llama` is not supported") && err.contains("qwen3_next"), "{err}");
-        let err = Config::from_json(r#"{"model_type":"qwen3","architectures":["Qwen3ForTokenClassification"]}"#)
-            .unwrap_err();
-        assert!(err.contains("`Qwen3ForTokenClassification` is not supported"), "{err}");
+        assert!(
+            err.contains("`llama` is not supported") && err.contains("qwen3_next"),
+            "{err}"
+        );
+        let err =
+            Config::from_json(r#"{"model_type":"qwen3","architectures":["Qwen3ForTokenClassification"]}"#)
+                .unwrap_err();
+        assert!(
+            err.contains("`Qwen3ForTokenClassification` is not supported"),
+            "{err}"
+        );
         let text = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/models/configs/qwen3-next-80b-a3b.json"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("testdata/models/configs/qwen3-next-80b-a3b.json"),
         )
         .unwrap();
         let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
         v["layer_types"] = serde_json::json!(["linear_attention", "full_attention"]);
         let err = Config::from_json(&v.to_string()).unwrap_err();
-        assert!(err.contains("`layer_types` has 2 entries, `num_hidden_layers` is 48"), "{err}");
+        assert!(
+            err.contains("`layer_types` has 2 entries, `num_hidden_layers` is 48"),
+            "{err}"
+        );
         v.as_object_mut().unwrap().remove("layer_types");
         v.as_object_mut().unwrap().remove("linear_num_value_heads");
         let err = Config::from_json(&v.to_string()).unwrap_err();
-        assert!(err.contains("missing required key `linear_num_value_heads`"), "{err}");
+        assert!(
+            err.contains("missing required key `linear_num_value_heads`"),
+            "{err}"
+        );
     }
 }

@@ -35,7 +35,12 @@ pub const CHUNK: i64 = 64;
 #[derive(Debug)]
 enum Proj {
     /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
-    Split { qkv: Tensor, z: Tensor, b: Tensor, a: Tensor },
+    Split {
+        qkv: Tensor,
+        z: Tensor,
+        b: Tensor,
+        a: Tensor,
+    },
     /// Qwen3-Next: `in_proj_qkvz`, `in_proj_ba`, grouped per key head.
     Grouped { qkvz: Tensor, ba: Tensor },
 }
@@ -171,10 +176,13 @@ impl GatedDeltaNet {
         let t = mixed.size()[0];
         let key_dim = self.k_heads * self.k_dim;
         let q = mixed.narrow(1, 0, key_dim).reshape([t, self.k_heads, self.k_dim]);
-        let k = mixed.narrow(1, key_dim, key_dim).reshape([t, self.k_heads, self.k_dim]);
-        let v = mixed
-            .narrow(1, 2 * key_dim, self.v_heads * self.v_dim)
-            .reshape([t, self.v_heads, self.v_dim]);
+        let k = mixed
+            .narrow(1, key_dim, key_dim)
+            .reshape([t, self.k_heads, self.k_dim]);
+        let v =
+            mixed
+                .narrow(1, 2 * key_dim, self.v_heads * self.v_dim)
+                .reshape([t, self.v_heads, self.v_dim]);
         (q, k, v)
     }
 
@@ -187,13 +195,21 @@ impl GatedDeltaNet {
         let o = o.to_kind(kind).to_kind(Kind::Float);
         let normed = o.rms_norm([self.v_dim], None::<Tensor>, self.eps).to_kind(kind);
         let gated = (&self.norm * normed).to_kind(Kind::Float) * z.to_kind(Kind::Float).silu();
-        linear(&gated.to_kind(kind).reshape([t, self.v_heads * self.v_dim]), &self.out_proj)
+        linear(
+            &gated.to_kind(kind).reshape([t, self.v_heads * self.v_dim]),
+            &self.out_proj,
+        )
     }
 
     /// The chunked form over `x` (`[T, hidden]`): `segments` (`(start, len)`, covering `0..T`)
     /// are independent sequences; with `state` (one segment only), the sequence continues it and
     /// its new state is written back.
-    pub fn forward(&self, x: &Tensor, segments: &[(i64, i64)], state: Option<&mut Option<LinearState>>) -> Tensor {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        segments: &[(i64, i64)],
+        state: Option<&mut Option<LinearState>>,
+    ) -> Tensor {
         let inp = self.inputs(x);
         let (beta, g) = gates(&inp.b, &inp.a, &self.a_log, &self.dt_bias);
         let Some(slot) = state else {
@@ -213,7 +229,11 @@ impl GatedDeltaNet {
             };
             return self.output(&o, &inp.z);
         };
-        assert_eq!(segments.len(), 1, "a cached Gated DeltaNet forward covers one sequence");
+        assert_eq!(
+            segments.len(),
+            1,
+            "a cached Gated DeltaNet forward covers one sequence"
+        );
         let prev = slot.take();
         let (mixed, conv) = self.conv(&inp.qkv, prev.as_ref().map(|s| &s.conv));
         let (q, k, v) = self.split(&mixed);
@@ -355,7 +375,10 @@ pub(crate) fn chunked(
         s = &s * at(&chunk_decay) + at(&kd).transpose(-1, -2).matmul(&v_new);
     }
     // [H, N·C, dv] → [T, H, dv]
-    let o = Tensor::stack(&outs, 1).reshape([h, n * CHUNK, dv]).narrow(1, 0, t).transpose(0, 1);
+    let o = Tensor::stack(&outs, 1)
+        .reshape([h, n * CHUNK, dv])
+        .narrow(1, 0, t)
+        .transpose(0, 1);
     (o, s)
 }
 
@@ -415,6 +438,9 @@ mod tests {
         assert!(d < 1e-5, "outputs differ by {d}");
         let d = (&s_chunk - s.squeeze_dim(0)).abs().max().double_value(&[]);
         assert!(d < 1e-5, "final states differ by {d}");
-        assert!(o_rec.abs().max().double_value(&[]) > 0.1, "a trivial output proves nothing");
+        assert!(
+            o_rec.abs().max().double_value(&[]) > 0.1,
+            "a trivial output proves nothing"
+        );
     }
 }

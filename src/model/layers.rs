@@ -69,7 +69,10 @@ impl RmsNorm {
         if self.offset {
             let dim = x.size().last().copied().unwrap_or(0);
             let scale = self.weight.to_kind(Kind::Float) + 1.0;
-            return x.to_kind(Kind::Float).rms_norm([dim], Some(&scale), self.eps).to_kind(kind);
+            return x
+                .to_kind(Kind::Float)
+                .rms_norm([dim], Some(&scale), self.eps)
+                .to_kind(kind);
         }
         if kind == Kind::Float {
             // One fused op instead of six (decode is dominated by per-op overhead); in float32
@@ -220,7 +223,10 @@ impl KvCache {
     /// state cannot be rolled back: when a linear-attention layer holds more than `len`
     /// positions, the whole cache is emptied (`len()` is then 0 and the caller prefills again).
     pub fn truncate(&mut self, len: i64) {
-        let linear_past = self.layers.iter().any(|l| matches!(l, LayerCache::Linear(Some(s)) if s.len > len));
+        let linear_past = self
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerCache::Linear(Some(s)) if s.len > len));
         if linear_past {
             *self = KvCache::new(self.layers.len());
             return;

@@ -38,7 +38,11 @@ enum Experts {
     /// `experts.E.{gate,up,down}_proj.weight`.
     PerExpert(Vec<Mlp>),
     /// `experts.gate_up_proj` `[E, 2·I, hidden]` and `experts.down_proj` `[E, hidden, I]`.
-    Fused { gate_up: Tensor, down: Tensor, inter: i64 },
+    Fused {
+        gate_up: Tensor,
+        down: Tensor,
+        inter: i64,
+    },
 }
 
 impl Experts {

@@ -43,7 +43,9 @@ impl Mixer {
     /// this layer's index in it.
     fn forward(&self, h: &Tensor, ctx: &MixCtx, cache: Option<(&mut KvCache, usize)>) -> Tensor {
         match self {
-            Mixer::FullAttention(a) => a.forward(h, &ctx.cos, &ctx.sin, ctx.mask, cache.map(|(c, i)| c.slot(i))),
+            Mixer::FullAttention(a) => {
+                a.forward(h, &ctx.cos, &ctx.sin, ctx.mask, cache.map(|(c, i)| c.slot(i)))
+            }
             Mixer::GatedDeltaNet(g) => g.forward(h, &ctx.segments, cache.map(|(c, i)| c.linear_slot(i))),
         }
     }
@@ -55,10 +57,20 @@ fn segments(mask: &AttnMask, t: i64) -> Vec<(i64, i64)> {
     let AttnMask::Packed(m) = mask else {
         return vec![(0, t)];
     };
-    let sees_prev = Vec::<i64>::try_from(m.diagonal(-1, 0, 1).to_kind(Kind::Int64).to_device(tch::Device::Cpu))
-        .expect("invariant: a [T-1] int64 tensor");
+    let sees_prev = Vec::<i64>::try_from(
+        m.diagonal(-1, 0, 1)
+            .to_kind(Kind::Int64)
+            .to_device(tch::Device::Cpu),
+    )
+    .expect("invariant: a [T-1] int64 tensor");
     let mut starts = vec![0];
-    starts.extend(sees_prev.iter().enumerate().filter(|(_, &s)| s == 0).map(|(i, _)| i as i64 + 1));
+    starts.extend(
+        sees_prev
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| s == 0)
+            .map(|(i, _)| i as i64 + 1),
+    );
     let mut ends = starts[1..].to_vec();
     ends.push(t);
     starts.iter().zip(ends).map(|(&s, e)| (s, e - s)).collect()
@@ -89,10 +101,14 @@ impl DecoderLayer {
             FeedForward::Dense(Mlp::new(&(p / "mlp"), cfg.hidden_size, cfg.intermediate_size))
         };
         let mixer = match cfg.layer_types.get(i as usize) {
-            Some(LayerType::LinearAttention) => Mixer::GatedDeltaNet(GatedDeltaNet::new(&(p / "linear_attn"), cfg)),
+            Some(LayerType::LinearAttention) => {
+                Mixer::GatedDeltaNet(GatedDeltaNet::new(&(p / "linear_attn"), cfg))
+            }
             _ => Mixer::FullAttention(Attention::new(&(p / "self_attn"), cfg)),
         };
-        let norm = |name: &str| RmsNorm::with_offset(&(p / name), cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset);
+        let norm = |name: &str| {
+            RmsNorm::with_offset(&(p / name), cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
+        };
         DecoderLayer {
             input_layernorm: norm("input_layernorm"),
             mixer,
@@ -226,7 +242,10 @@ impl CausalLm {
         let kind = self.embed_tokens.kind();
         let (cos, sin) = self.rope.tables(positions, kind);
         let t = tokens.size()[0];
-        let hybrid = self.layers.iter().any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)));
+        let hybrid = self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)));
         MixCtx {
             cos,
             sin,
@@ -253,7 +272,12 @@ impl CausalLm {
         let mask = AttnMask::Causal;
         let ctx = self.ctx(tokens, positions, &mask);
         self.run(tokens, None, |i, mixer, h| match mixer {
-            Mixer::FullAttention(a) => a.decode(h, &ctx.cos, &ctx.sin, caches.iter_mut().map(|c| c.slot(i)).collect()),
+            Mixer::FullAttention(a) => a.decode(
+                h,
+                &ctx.cos,
+                &ctx.sin,
+                caches.iter_mut().map(|c| c.slot(i)).collect(),
+            ),
             Mixer::GatedDeltaNet(g) => g.decode(h, caches.iter_mut().map(|c| c.linear_slot(i)).collect()),
         })
     }

@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use lego_rl::engine::embedded::EmbeddedBackend;
+use lego_rl::engine::{Backend, GenerateRequest};
 use lego_rl::model::{ForwardInput, KvCache, Model, ModelError};
+use lego_rl::records::Sampling;
 use tch::{Device, Kind, Tensor};
 
 use crate::common::{self, lego};
@@ -20,7 +23,10 @@ use crate::train::{read_metrics, sample, write_samples, CLI_OPTS};
 /// scripts/make_tiny_models.py with transformers.
 fn tiny(name: &str) -> PathBuf {
     static LOCK: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
-    let _g = LOCK.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let _g = LOCK
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = root.join("testdata/models/generated").join(name);
     if !dir.join("reference.json").is_file() {
@@ -51,7 +57,12 @@ fn matches_transformers(dir: &Path, moe_layers: usize) {
         let ids = ids_of(seq);
         let (lp, routing, own) = seq_logprobs(&model.lm, &ids, None);
         let d = max_abs_diff(&lp, &floats(&seq["next_token_logprobs"]));
-        assert!(d < 1e-4, "{}: {}: log-prob max |Δ| {d}", dir.display(), seq["name"]);
+        assert!(
+            d < 1e-4,
+            "{}: {}: log-prob max |Δ| {d}",
+            dir.display(),
+            seq["name"]
+        );
         let routing = routing.unwrap();
         assert_eq!(routing.size(), vec![ids.len() as i64, moe_layers as i64, 2]);
         assert_eq!(routing_lists(&routing), reference_routing(seq), "{}", seq["name"]);
@@ -61,9 +72,18 @@ fn matches_transformers(dir: &Path, moe_layers: usize) {
         let t = Tensor::from_slice(&ids);
         let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu));
         let h = model.lm.forward(&ForwardInput::causal(&t, &pos), None).hidden;
-        let logits = model.lm.logits(&h.narrow(0, n - 3, 3)).narrow(1, 0, 16).to_kind(Kind::Double);
+        let logits = model
+            .lm
+            .logits(&h.narrow(0, n - 3, 3))
+            .narrow(1, 0, 16)
+            .to_kind(Kind::Double);
         let got = Vec::<f64>::try_from(logits.reshape([-1])).unwrap();
-        let want: Vec<f64> = seq["logits_last3_first16"].as_array().unwrap().iter().flat_map(floats).collect();
+        let want: Vec<f64> = seq["logits_last3_first16"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(floats)
+            .collect();
         let d = max_abs_diff(&got, &want);
         assert!(d < 1e-4, "{}: logits max |Δ| {d}", seq["name"]);
     }
@@ -87,7 +107,12 @@ fn hybrid_packed_sequences_equal_separate_forwards() {
     let dir = tiny_qwen35();
     let model = Model::load(&dir, Device::Cpu, None).unwrap();
     let reference = read_json(&dir.join("reference.json"));
-    let seqs: Vec<Vec<i64>> = reference["sequences"].as_array().unwrap().iter().map(ids_of).collect();
+    let seqs: Vec<Vec<i64>> = reference["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ids_of)
+        .collect();
     let _g = tch::no_grad_guard();
     let all: Vec<i64> = seqs.concat();
     let (mut pos, mut seg) = (Vec::new(), Vec::new());
@@ -159,7 +184,10 @@ fn engine_vs_trainer(model: &Model, steps: usize) -> Vec<(Vec<f64>, Vec<f64>)> {
     }
     let mut hidden = Tensor::cat(&last, 0);
     for step in 0..steps {
-        let logp = lm.logits(&hidden).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+        let logp = lm
+            .logits(&hidden)
+            .to_kind(Kind::Float)
+            .log_softmax(-1, Kind::Float);
         let next = logp.exp().multinomial(1, false).squeeze_dim(1);
         let next_v = Vec::<i64>::try_from(&next).unwrap();
         for b in 0..2 {
@@ -223,13 +251,71 @@ fn recurrent_decode_vs_chunked_forward_bf16_figures() {
     );
 }
 
+/// The embedded engine serves the hybrid model: two generations at once (prefill, then batched
+/// recurrent decode steps), each with the log-probs and routing the trainer's chunked forward
+/// computes over its prompt + output (what `train-step` replays and compares).
+#[tokio::test(flavor = "multi_thread")]
+async fn embedded_engine_matches_the_trainer_on_qwen35() {
+    let dir = tiny_qwen35();
+    let engine = EmbeddedBackend::start(&dir, Device::Cpu).unwrap();
+    let request = |prompt: Vec<u32>, seed: u64| GenerateRequest {
+        prompt_ids: prompt,
+        sampling: Sampling {
+            temperature: Some(1.0),
+            max_tokens: Some(70),
+            seed: Some(seed),
+            ..Default::default()
+        },
+        return_routing: true,
+        ..Default::default()
+    };
+    let reqs = [
+        request(vec![151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198], 1),
+        request((0..21).map(|i| (i * 7919 + 5) % 151643).collect(), 2),
+    ];
+    let (a, b) = tokio::join!(engine.generate(reqs[0].clone()), engine.generate(reqs[1].clone()));
+    let model = Model::load(&dir, Device::Cpu, None).unwrap();
+    for (req, out) in reqs.iter().zip([a.unwrap(), b.unwrap()]) {
+        assert_eq!(out.output_ids.len(), 70);
+        let ids: Vec<i64> = req
+            .prompt_ids
+            .iter()
+            .chain(&out.output_ids)
+            .map(|&t| t as i64)
+            .collect();
+        let (lp, routing, _) = seq_logprobs(&model.lm, &ids, None);
+        let got: Vec<f64> = out.logprobs.iter().map(|&x| x as f64).collect();
+        let d = max_abs_diff(&got, &lp[req.prompt_ids.len() - 1..]);
+        assert!(d < 1e-4, "engine vs trainer log-prob |Δ| {d}");
+        let r = out.routing.expect("routing returned");
+        assert_eq!((r.tokens, r.layers, r.top_k), (ids.len() - 1, 4, 2));
+        let want: Vec<u16> =
+            Vec::<i64>::try_from(routing.unwrap().narrow(0, 0, ids.len() as i64 - 1).reshape([-1]))
+                .unwrap()
+                .into_iter()
+                .map(|e| e as u16)
+                .collect();
+        assert_eq!(r.experts, want, "engine routing = the trainer's");
+    }
+    let forwards = engine.counts().forwards;
+    assert!(
+        forwards <= 80,
+        "{forwards} forwards: the two decodes were not batched"
+    );
+}
+
 /// Every tensor of a safetensors file as (dtype, shape, bytes), by name.
 fn raw_tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
         .into_iter()
-        .map(|(n, v)| (n, (format!("{:?}", v.dtype()), v.shape().to_vec(), v.data().to_vec())))
+        .map(|(n, v)| {
+            (
+                n,
+                (format!("{:?}", v.dtype()), v.shape().to_vec(), v.data().to_vec()),
+            )
+        })
         .collect()
 }
 
@@ -246,7 +332,10 @@ fn qwen35_save_keeps_every_tensor_and_loads_in_transformers() {
     model.save(&first).unwrap();
     let input = raw_tensors(&dir.join("model.safetensors"));
     let saved = raw_tensors(&first.join("model.safetensors"));
-    assert!(input.keys().any(|k| k.starts_with("model.visual.")), "vision tensors in the input");
+    assert!(
+        input.keys().any(|k| k.starts_with("model.visual.")),
+        "vision tensors in the input"
+    );
     assert!(input.contains_key("mtp.fc.weight"));
     assert_eq!(saved.keys().collect::<Vec<_>>(), input.keys().collect::<Vec<_>>());
     for (name, t) in &input {
@@ -254,7 +343,10 @@ fn qwen35_save_keeps_every_tensor_and_loads_in_transformers() {
     }
     let second = tmp.path().join("second");
     std::fs::create_dir(&second).unwrap();
-    Model::load(&first, Device::Cpu, None).unwrap().save(&second).unwrap();
+    Model::load(&first, Device::Cpu, None)
+        .unwrap()
+        .save(&second)
+        .unwrap();
     assert_eq!(raw_tensors(&second.join("model.safetensors")), saved);
 
     let reference = read_json(&dir.join("reference.json"));
@@ -268,11 +360,26 @@ fn qwen35_save_keeps_every_tensor_and_loads_in_transformers() {
         .args([&first, &ids_json, &out])
         .status()
         .unwrap();
-    assert!(status.success(), "transformers failed to load the saved checkpoint");
+    assert!(
+        status.success(),
+        "transformers failed to load the saved checkpoint"
+    );
     let hf = read_json(&out);
-    for (seq, want) in hf["sequences"].as_array().unwrap().iter().zip(reference["sequences"].as_array().unwrap()) {
-        let d = max_abs_diff(&floats(&seq["next_token_logprobs"]), &floats(&want["next_token_logprobs"]));
-        assert!(d < 1e-6, "{}: saved checkpoint in transformers |Δ| {d}", seq["name"]);
+    for (seq, want) in hf["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(reference["sequences"].as_array().unwrap())
+    {
+        let d = max_abs_diff(
+            &floats(&seq["next_token_logprobs"]),
+            &floats(&want["next_token_logprobs"]),
+        );
+        assert!(
+            d < 1e-6,
+            "{}: saved checkpoint in transformers |Δ| {d}",
+            seq["name"]
+        );
         assert_eq!(seq["topk_experts"], want["topk_experts"]);
     }
 }
@@ -316,10 +423,16 @@ fn qwen35_gspo_train_step_with_replay() {
     assert!(m.grad_norm.unwrap() > 0.0);
     let input_t = raw_tensors(&dir.join("model.safetensors"));
     let saved = raw_tensors(&out.join("model.safetensors"));
-    assert_eq!(saved.keys().collect::<Vec<_>>(), input_t.keys().collect::<Vec<_>>());
+    assert_eq!(
+        saved.keys().collect::<Vec<_>>(),
+        input_t.keys().collect::<Vec<_>>()
+    );
     for (name, t) in &input_t {
         if name.starts_with("mtp.") || name.starts_with("model.visual.") {
-            assert!(saved[name] == *t, "`{name}` is not trained and must be carried through");
+            assert!(
+                saved[name] == *t,
+                "`{name}` is not trained and must be carried through"
+            );
         }
     }
     assert!(
@@ -355,7 +468,10 @@ fn train_step_carries_unused_tensors_through() {
     let input = tmp.path().join("samples.jsonl.zst");
     write_samples(
         &input,
-        &[sample(&model, "a", 0, &seq, 8, 1.0, 1.0), sample(&model, "b", 0, &seq2, 8, 0.0, 1.0)],
+        &[
+            sample(&model, "a", 0, &seq, 8, 1.0, 1.0),
+            sample(&model, "b", 0, &seq2, 8, 0.0, 1.0),
+        ],
     );
     let out = tmp.path().join("step-1");
     lego()
@@ -371,8 +487,14 @@ fn train_step_carries_unused_tensors_through() {
     let before = raw_tensors(&st);
     let after = raw_tensors(&out.join("model.safetensors"));
     assert_eq!(after.len(), before.len(), "tensor count in → out");
-    assert_eq!(after.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
-    assert!(after["mtp.fc.weight"] == before["mtp.fc.weight"], "carried byte-identical");
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        after["mtp.fc.weight"] == before["mtp.fc.weight"],
+        "carried byte-identical"
+    );
 }
 
 fn write_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
@@ -386,12 +508,19 @@ fn write_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 fn unsupported_families_and_bad_hybrid_checkpoints_are_named() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::copy(tiny_qwen35().join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    std::fs::copy(
+        tiny_qwen35().join("model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
     write_config(dir, |c| {
         c["model_type"] = "deepseek_v3".into();
     });
     let err = Model::load(dir, Device::Cpu, None).unwrap_err().to_string();
-    assert!(err.contains("`deepseek_v3` is not supported") && err.contains("qwen3_5_moe"), "{err}");
+    assert!(
+        err.contains("`deepseek_v3` is not supported") && err.contains("qwen3_5_moe"),
+        "{err}"
+    );
     write_config(dir, |c| {
         c["architectures"] = serde_json::json!(["Qwen3_5MoeForSequenceClassification"]);
     });
@@ -401,7 +530,10 @@ fn unsupported_families_and_bad_hybrid_checkpoints_are_named() {
         c["text_config"]["layer_types"].as_array_mut().unwrap().pop();
     });
     let err = Model::load(dir, Device::Cpu, None).unwrap_err().to_string();
-    assert!(err.contains("`text_config.layer_types` has 3 entries") && err.contains("is 4"), "{err}");
+    assert!(
+        err.contains("`text_config.layer_types` has 3 entries") && err.contains("is 4"),
+        "{err}"
+    );
     // A checkpoint without one layer's A_log.
     write_config(dir, |_| {});
     let st = dir.join("model.safetensors");
