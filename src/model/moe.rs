@@ -126,11 +126,12 @@ impl SparseMoe {
             gates = &gates / gates.sum_dim_intlist(-1, true, Kind::Float);
         }
         let gates = gates.to_kind(x.kind());
-        let mut out = self.dispatch(x, &used, &gates);
-        if let Some((mlp, gate)) = &self.shared {
-            // transformers: experts + sigmoid(shared_expert_gate(x)) · shared_expert(x).
-            out = out + linear(x, gate).sigmoid() * mlp.forward(x);
-        }
+        let out = self.dispatch(x, &used, &gates);
+        // transformers: experts + sigmoid(shared_expert_gate(x)) · shared_expert(x).
+        let out = match &self.shared {
+            Some((mlp, gate)) => out + linear(x, gate).sigmoid() * mlp.forward(x),
+            None => out,
+        };
         (out, MoeRouting { used, own })
     }
 
