@@ -384,6 +384,50 @@ fn qwen35_save_keeps_every_tensor_and_loads_in_transformers() {
     }
 }
 
+/// Experts stored fused (`experts.gate_up_proj` `[E, 2·I, hidden]`, `experts.down_proj`
+/// `[E, hidden, I]`, as transformers ≥ 5 keeps them) load into the same function as per-expert
+/// ones, and save back fused, byte-identical.
+#[test]
+fn fused_expert_tensors_load_and_save_in_their_layout() {
+    let dir = tiny_qwen35();
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let st = tmp.path().join("model.safetensors");
+    let tensors: BTreeMap<String, Tensor> = Tensor::read_safetensors(&st).unwrap().into_iter().collect();
+    let mut fused: Vec<(String, Tensor)> = Vec::new();
+    for (name, t) in &tensors {
+        if !(name.starts_with("model.language_model.") && name.contains(".mlp.experts.")) {
+            fused.push((name.clone(), t.shallow_clone()));
+        }
+    }
+    for l in 0..4 {
+        let p = format!("model.language_model.layers.{l}.mlp.experts");
+        let get = |e: i64, w: &str| tensors[&format!("{p}.{e}.{w}.weight")].shallow_clone();
+        let gate_up: Vec<Tensor> = (0..8)
+            .map(|e| Tensor::cat(&[get(e, "gate_proj"), get(e, "up_proj")], 0))
+            .collect();
+        let down: Vec<Tensor> = (0..8).map(|e| get(e, "down_proj")).collect();
+        fused.push((format!("{p}.gate_up_proj"), Tensor::stack(&gate_up, 0)));
+        fused.push((format!("{p}.down_proj"), Tensor::stack(&down, 0)));
+    }
+    Tensor::write_safetensors(&fused, &st).unwrap();
+    let model = Model::load(tmp.path(), Device::Cpu, None).unwrap();
+    assert!(model.cfg().fused_experts);
+    let reference = read_json(&dir.join("reference.json"));
+    for seq in reference["sequences"].as_array().unwrap() {
+        let (lp, routing, _) = seq_logprobs(&model.lm, &ids_of(seq), None);
+        let d = max_abs_diff(&lp, &floats(&seq["next_token_logprobs"]));
+        assert!(d < 1e-4, "{}: fused experts log-prob |Δ| {d}", seq["name"]);
+        assert_eq!(routing_lists(&routing.unwrap()), reference_routing(seq));
+    }
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    model.save(&out).unwrap();
+    assert_eq!(raw_tensors(&out.join("model.safetensors")), raw_tensors(&st));
+}
+
 /// A GSPO train-step with routing replay on the tiny Qwen3.5 (regression: train-step refused
 /// the family, "missing required key `rope_theta`"): the step replays its own routing (overlap
 /// 1), reproduces the rollout log-probs, changes the policy and keeps the vision and MTP tensors.
