@@ -23,12 +23,14 @@ def reference(ckpt, sequences):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         ckpt, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    cfg = model.config
+    cfg = getattr(model.config, "text_config", model.config)
     moe = getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0)
     captured = []
     hooks = []
+    # Qwen3.5's vision-language wrapper keeps the decoder in `model.language_model`.
+    layers = getattr(model.model, "language_model", model.model).layers
     if moe:
-        for layer in model.model.layers:
+        for layer in layers:
             gate = getattr(layer.mlp, "gate", None)
             if gate is not None and hasattr(gate, "top_k"):
                 hooks.append(gate.register_forward_hook(lambda _m, _i, out: captured.append(out[2].clone())))
@@ -44,6 +46,7 @@ def reference(ckpt, sequences):
             "name": seq.get("name", ""),
             "input_ids": seq["input_ids"],
             "next_token_logprobs": lp.tolist(),
+            "logits_last3_first16": logits[-3:, :16].tolist(),
         }
         if moe:
             rec["topk_experts"] = [c.tolist() for c in captured]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CPU benchmark of one train-step on the tiny Qwen3-MoE: lego-rl vs a straightforward PyTorch
+# CPU benchmark of one train-step on the tiny Qwen3-MoE (CKPT=testdata/models/generated/tiny-qwen3.5-moe
+# or tiny-qwen3-next: the hybrid family, transformers on its pure-torch Gated DeltaNet): lego-rl vs a straightforward PyTorch
 # (transformers) GSPO step on the same checkpoint and batch, in the same run. Prints tokens/s of
 # both and the ratio (goal ≥ 1.0×); lego-rl runs twice, with the unchunked autograd LM head
 # (--logprob-chunk 0, the trainer before the chunked head) and with the default chunked head, so
@@ -12,7 +13,7 @@ cd "$root"
 py=${LEGO_RL_PYTHON:-$root/.venv/bin/python}
 n=${1:-16}
 len=${2:-256}
-ckpt=testdata/models/generated/tiny-qwen3-moe
+ckpt=${CKPT:-testdata/models/generated/tiny-qwen3-moe}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 "$py" scripts/make_tiny_models.py "$ckpt"
 [ -x target/release/lego-rl ] || cargo build --release --quiet
@@ -31,12 +32,12 @@ print(json.loads(d.splitlines()[-1])['tokens_per_second'])" "$work/metrics.jsonl
 }
 before=$(ours --logprob-chunk 0)
 after=$(ours)
-"$py" - "$before" "$after" "$peer" <<'PY'
+"$py" - "$before" "$after" "$peer" "$(basename "$ckpt")" <<'PY'
 import json, sys
 before, after = float(sys.argv[1]), float(sys.argv[2])
 peer = json.loads(sys.argv[3])
 p = peer["tokens_per_second"]
-print(f"train-step tiny-qwen3-moe CPU, {peer['threads']} torch threads both sides:")
+print(f"train-step {sys.argv[4]} CPU, {peer['threads']} torch threads both sides:")
 print(f"  pytorch                         {p:8.0f} tok/s")
 print(f"  lego-rl unchunked head          {before:8.0f} tok/s  ratio {before / p:.2f}x")
 print(f"  lego-rl chunked head (default)  {after:8.0f} tok/s  ratio {after / p:.2f}x")

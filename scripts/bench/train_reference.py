@@ -30,13 +30,14 @@ def make_samples(ckpt, out, n, length, prompt, seed):
     model = load(ckpt).eval()
     rng = random.Random(seed)
     captured = []
-    for layer in model.model.layers:
+    # Qwen3.5's vision-language wrapper keeps the decoder in `model.language_model`.
+    for layer in getattr(model.model, "language_model", model.model).layers:
         gate = getattr(layer.mlp, "gate", None)
         if gate is not None and hasattr(gate, "top_k"):
             gate.register_forward_hook(lambda _m, _i, o: captured.append(o[2].clone()))
     with open(out, "w") as f:
         for i in range(n):
-            ids = [rng.randrange(min(151643, model.config.vocab_size)) for _ in range(length)]
+            ids = [rng.randrange(min(151643, getattr(model.config, "text_config", model.config).vocab_size)) for _ in range(length)]
             captured.clear()
             with torch.no_grad():
                 logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]

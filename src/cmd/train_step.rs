@@ -216,6 +216,9 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         },
     };
     check_out(&args.out)?;
+    // A family the model code does not implement is refused before any sample is read.
+    crate::model::Config::from_file(&args.checkpoint.join("config.json"))
+        .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
     tch::manual_seed(args.seed);
     let samples: Vec<Sample> = read_all(
         &args.input,

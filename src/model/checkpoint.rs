@@ -2,6 +2,11 @@
 //! `model.safetensors.index.json`) in, the same layout, tensor names and dtype out, with the
 //! tokenizer, generation config and chat template copied through so transformers, vLLM and
 //! SGLang load the output unchanged.
+//!
+//! No tensor is ever dropped: a checkpoint tensor the model does not use (Qwen3.5's vision tower
+//! and MTP head, an `mtp.*` added to any checkpoint) is kept as its raw bytes and written back
+//! unchanged, in the shard it came from. Every var is written in the dtype it had on disk, so
+//! an untouched tensor saves byte-identical.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -40,6 +45,19 @@ pub struct Model {
     pub file_kind: Kind,
     /// tensor name → shard file, when the source was sharded.
     shard_map: Option<BTreeMap<String, String>>,
+    /// Tensors of the source the model does not use, written back as they were.
+    carried: Vec<Carried>,
+    /// Var name → its dtype on disk (vars not listed are written in `file_kind`).
+    var_kinds: HashMap<String, Kind>,
+}
+
+/// A checkpoint tensor the model does not use, carried through to a saved checkpoint.
+#[derive(Debug)]
+struct Carried {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
 }
 
 /// Parses `cpu`, `cuda`, `cuda:N`.
@@ -94,18 +112,27 @@ impl Model {
             source: None,
             file_kind: kind,
             shard_map: None,
+            carried: Vec::new(),
+            var_kinds: HashMap::new(),
         }
     }
 
     /// Loads a checkpoint directory. `kind` overrides the compute dtype (default: the file's).
     pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, ModelError> {
-        let cfg = Config::from_file(&dir.join("config.json"))?;
+        let mut cfg = Config::from_file(&dir.join("config.json"))?;
         let (files, shard_map) = weight_files(dir)?;
+        let names = match &shard_map {
+            Some(map) => map.keys().cloned().collect(),
+            None => tensor_names(&dir.join(SINGLE))?,
+        };
+        cfg.fused_experts = names.iter().any(|n| n.ends_with(".mlp.experts.gate_up_proj"));
         let mut vs = nn::VarStore::new(device);
         let lm = tch::no_grad(|| CausalLm::new(&vs.root(), &cfg));
         let vars = vs.variables();
         let mut seen = HashMap::new();
         let mut file_kind = None;
+        let mut carried = Vec::new();
+        let mut var_kinds = HashMap::new();
         for file in &files {
             let path = dir.join(file);
             let bytes = std::fs::read(&path).map_err(|source| ModelError::Read {
@@ -119,9 +146,15 @@ impl Model {
             for (name, view) in st.tensors() {
                 let Some(var) = vars.get(&name) else {
                     tracing::debug!(
-                        "{}: ignoring tensor `{name}` the model does not use",
+                        "{}: carrying tensor `{name}` the model does not use through unchanged",
                         path.display()
                     );
+                    carried.push(Carried {
+                        dtype: view.dtype(),
+                        shape: view.shape().to_vec(),
+                        data: view.data().to_vec(),
+                        name,
+                    });
                     continue;
                 };
                 let k = to_kind(view.dtype()).ok_or_else(|| ModelError::DType {
@@ -130,6 +163,7 @@ impl Model {
                     dtype: format!("{:?}", view.dtype()),
                 })?;
                 file_kind.get_or_insert(k);
+                var_kinds.insert(name.clone(), k);
                 let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
                 if shape != var.size() {
                     return Err(ModelError::Shape {
@@ -163,6 +197,8 @@ impl Model {
             source: Some(dir.to_path_buf()),
             file_kind,
             shard_map,
+            carried,
+            var_kinds,
         })
     }
 
@@ -188,28 +224,38 @@ impl Model {
     /// minimal `config.json`-less weights file (tests only).
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
         let vars = self.named_variables();
-        let mut by_file: BTreeMap<String, Vec<(String, Tensor)>> = BTreeMap::new();
-        for (name, t) in vars {
-            let file = self
-                .shard_map
+        let file_of = |name: &str| {
+            self.shard_map
                 .as_ref()
-                .and_then(|m| m.get(&name).cloned())
-                .unwrap_or_else(|| SINGLE.to_string());
-            let t = t
-                .detach()
-                .to_device(Device::Cpu)
-                .to_kind(self.file_kind)
-                .contiguous();
-            by_file.entry(file).or_default().push((name, t));
+                .and_then(|m| m.get(name).cloned())
+                .unwrap_or_else(|| SINGLE.to_string())
+        };
+        let mut by_file: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+        for (name, t) in vars {
+            let kind = self.var_kinds.get(&name).copied().unwrap_or(self.file_kind);
+            let t = t.detach().to_device(Device::Cpu).to_kind(kind).contiguous();
+            let mut data = vec![0u8; t.numel() * kind.elt_size_in_bytes()];
+            t.f_copy_data_u8(&mut data, t.numel())?;
+            let shape = t.size().iter().map(|&d| d as usize).collect();
+            by_file.entry(file_of(&name)).or_default().push(Entry {
+                dtype: to_dtype(kind),
+                shape,
+                data: std::borrow::Cow::Owned(data),
+                name,
+            });
+        }
+        for c in &self.carried {
+            by_file.entry(file_of(&c.name)).or_default().push(Entry {
+                name: c.name.clone(),
+                dtype: c.dtype,
+                shape: c.shape.clone(),
+                data: std::borrow::Cow::Borrowed(&c.data),
+            });
         }
         let mut total = 0usize;
-        for (file, tensors) in &by_file {
-            let path = dir.join(file);
-            write_safetensors(&path, tensors, self.file_kind)?;
-            total += tensors
-                .iter()
-                .map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes())
-                .sum::<usize>();
+        for (file, entries) in &by_file {
+            write_safetensors(&dir.join(file), entries)?;
+            total += entries.iter().map(|e| e.data.len()).sum::<usize>();
         }
         if let Some(map) = &self.shard_map {
             let index = serde_json::json!({
@@ -264,23 +310,53 @@ fn weight_files(dir: &Path) -> Result<WeightFiles, ModelError> {
     })
 }
 
-fn write_safetensors(path: &Path, tensors: &[(String, Tensor)], kind: Kind) -> Result<(), ModelError> {
-    let mut buffers = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let n = t.numel() * kind.elt_size_in_bytes();
-        let mut buf = vec![0u8; n];
-        t.f_copy_data_u8(&mut buf, t.numel())?;
-        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-        buffers.push((name.clone(), shape, buf));
+/// One tensor to write: its name, dtype, shape and little-endian bytes.
+struct Entry<'a> {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: std::borrow::Cow<'a, [u8]>,
+}
+
+/// The tensor names in a safetensors file's header (without reading the data).
+fn tensor_names(path: &Path) -> Result<Vec<String>, ModelError> {
+    use std::io::Read;
+    let bad = |msg: String| ModelError::Safetensors {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut f = std::fs::File::open(path).map_err(|source| ModelError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|e| bad(format!("no header: {e}")))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100_000_000 {
+        return Err(bad(format!("header of {len} bytes")));
     }
-    let views = buffers
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header)
+        .map_err(|e| bad(format!("truncated header: {e}")))?;
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("invalid header: {e}")))?;
+    Ok(map
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k != "__metadata__")
+        .collect())
+}
+
+fn write_safetensors(path: &Path, entries: &[Entry]) -> Result<(), ModelError> {
+    let views = entries
         .iter()
-        .map(|(name, shape, buf)| {
-            TensorView::new(to_dtype(kind), shape.clone(), buf)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| ModelError::Safetensors {
+        .map(|e| {
+            TensorView::new(e.dtype, e.shape.clone(), &e.data)
+                .map(|v| (e.name.clone(), v))
+                .map_err(|err| ModelError::Safetensors {
                     path: path.to_path_buf(),
-                    msg: e.to_string(),
+                    msg: format!("tensor `{}`: {err}", e.name),
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;

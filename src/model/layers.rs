@@ -1,5 +1,9 @@
 //! Dense building blocks of Qwen3, following transformers' `modeling_qwen3.py`: RMSNorm (computed
 //! in fp32), rotate-half RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP.
+//! The hybrid families (`modeling_qwen3_next.py`, `modeling_qwen3_5_moe.py`) reuse them with three
+//! switches from [`Config`]: `(1 + w)` norms, RoPE on the first `partial_rotary_factor × head_dim`
+//! dimensions only, and a `sigmoid(gate)` on the attention output (`q_proj` yields `[q | gate]`
+//! per head).
 //!
 //! Var paths equal the Hugging Face tensor names (`self_attn.q_proj.weight`, ...), so safetensors
 //! load and save with no renaming. Attention works on one packed row of tokens: several sequences
@@ -26,10 +30,15 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Tensor {
 
 /// Root-mean-square norm with a learned scale; the statistics are computed in fp32 (as
 /// transformers does) and the result is cast back to the input dtype before scaling.
+///
+/// With `offset` (the hybrid families' zero-centred norm) the scale is `1 + w`, applied in fp32
+/// before the cast back (transformers' `Qwen3NextRMSNorm`: `(x·(1+w)).to(dtype)`, where Qwen3
+/// does `w·x.to(dtype)`); its weights start at 0.
 #[derive(Debug)]
 pub struct RmsNorm {
     pub weight: Tensor,
     eps: f64,
+    offset: bool,
 }
 
 impl RmsNorm {
@@ -38,12 +47,33 @@ impl RmsNorm {
         RmsNorm {
             weight: p.ones("weight", &[dim]),
             eps,
+            offset: false,
+        }
+    }
+
+    /// [`Self::new`], or with `offset` a `(1 + w)` norm whose weight starts at zeros.
+    pub fn with_offset(p: &nn::Path, dim: i64, eps: f64, offset: bool) -> Self {
+        if !offset {
+            return Self::new(p, dim, eps);
+        }
+        RmsNorm {
+            weight: p.zeros("weight", &[dim]),
+            eps,
+            offset: true,
         }
     }
 
     /// Normalises over the last dimension.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let kind = x.kind();
+        if self.offset {
+            let dim = x.size().last().copied().unwrap_or(0);
+            let scale = self.weight.to_kind(Kind::Float) + 1.0;
+            return x
+                .to_kind(Kind::Float)
+                .rms_norm([dim], Some(&scale), self.eps)
+                .to_kind(kind);
+        }
         if kind == Kind::Float {
             // One fused op instead of six (decode is dominated by per-op overhead); in float32
             // it is the same arithmetic as below (checked against transformers in the model tests).
@@ -68,8 +98,9 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// Tables over [`Config::rotary_dim`] dimensions (the whole head unless RoPE is partial).
     pub fn new(cfg: &Config, device: tch::Device) -> Self {
-        let dim = cfg.head_dim;
+        let dim = cfg.rotary_dim();
         let exponent =
             Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
         let inv_freq = Tensor::pow_scalar(cfg.rope_theta, &exponent).reciprocal();
@@ -97,33 +128,63 @@ impl Rope {
 }
 
 /// Applies RoPE to `[heads, T, D]` with [`Rope::tables`]: `x·cos + rotate_half(x)·sin`, where
-/// `rotate_half(x) = [-x2, x1]` is `roll(x, D/2)` times the signs folded into `sin`.
+/// `rotate_half(x) = [-x2, x1]` is `roll(x, R/2)` times the signs folded into `sin`. Tables
+/// narrower than the head (`R < D`, partial RoPE) rotate the first `R` dimensions and pass the
+/// rest through.
 fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    let half = x.size().last().copied().unwrap_or(0) / 2;
-    x * cos + x.roll([half], [-1]) * sin
+    let d = x.size().last().copied().unwrap_or(0);
+    let r = cos.size().last().copied().unwrap_or(0);
+    if r < d {
+        let rot = x.narrow(-1, 0, r);
+        return Tensor::cat(&[apply_rope(&rot, cos, sin), x.narrow(-1, r, d - r)], -1);
+    }
+    x * cos + x.roll([d / 2], [-1]) * sin
 }
 
-/// Past keys and values of every layer, for incremental decoding of one sequence.
+/// Past keys and values of every layer, for incremental decoding of one sequence; for the
+/// hybrid families, each linear-attention layer holds its Gated DeltaNet state instead.
 #[derive(Debug, Default)]
 pub struct KvCache {
-    /// Per layer `(k, v)`, each `[kv_heads, past, head_dim]` after RoPE.
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<LayerCache>,
+}
+
+/// One layer's share of a [`KvCache`]. A slot starts as an empty `Kv` and becomes `Linear` the
+/// first time a linear-attention layer uses it, so `KvCache::new(layers)` serves every family.
+#[derive(Debug)]
+pub(crate) enum LayerCache {
+    /// `(k, v)`, each `[kv_heads, past, head_dim]` after RoPE.
+    Kv(Option<(Tensor, Tensor)>),
+    /// Gated DeltaNet state after the cached positions.
+    Linear(Option<LinearState>),
+}
+
+/// The per-sequence state of one Gated DeltaNet layer: the last `kernel − 1` conv inputs
+/// (`[conv_dim, kernel − 1]`, model dtype) and the recurrent state (`[v_heads, k_dim, v_dim]`,
+/// fp32), plus how many positions it has absorbed.
+#[derive(Debug)]
+pub struct LinearState {
+    pub conv: Tensor,
+    pub recurrent: Tensor,
+    pub len: i64,
 }
 
 impl KvCache {
     /// An empty cache for `layers` layers.
     pub fn new(layers: usize) -> Self {
         KvCache {
-            layers: (0..layers).map(|_| None).collect(),
+            layers: (0..layers).map(|_| LayerCache::Kv(None)).collect(),
         }
     }
 
     /// Number of cached positions.
     pub fn len(&self) -> i64 {
         self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map(|(k, _)| k.size()[1])
+            .iter()
+            .find_map(|l| match l {
+                LayerCache::Kv(Some((k, _))) => Some(k.size()[1]),
+                LayerCache::Linear(Some(s)) => Some(s.len),
+                _ => None,
+            })
             .unwrap_or(0)
     }
 
@@ -136,15 +197,45 @@ impl KvCache {
         self.layers.len()
     }
 
+    /// Layer `i`'s keys and values (a full-attention layer).
     pub(crate) fn slot(&mut self, i: usize) -> &mut Option<(Tensor, Tensor)> {
-        &mut self.layers[i]
+        if !matches!(self.layers[i], LayerCache::Kv(_)) {
+            self.layers[i] = LayerCache::Kv(None);
+        }
+        match &mut self.layers[i] {
+            LayerCache::Kv(slot) => slot,
+            LayerCache::Linear(_) => unreachable!("invariant: slot {i} was just made Kv"),
+        }
     }
 
-    /// Drops every position from `len` on (e.g. to roll back rejected draft tokens).
+    /// Layer `i`'s Gated DeltaNet state (a linear-attention layer).
+    pub(crate) fn linear_slot(&mut self, i: usize) -> &mut Option<LinearState> {
+        if !matches!(self.layers[i], LayerCache::Linear(_)) {
+            self.layers[i] = LayerCache::Linear(None);
+        }
+        match &mut self.layers[i] {
+            LayerCache::Linear(slot) => slot,
+            LayerCache::Kv(_) => unreachable!("invariant: slot {i} was just made Linear"),
+        }
+    }
+
+    /// Drops every position from `len` on (e.g. to roll back rejected draft tokens). A recurrent
+    /// state cannot be rolled back: when a linear-attention layer holds more than `len`
+    /// positions, the whole cache is emptied (`len()` is then 0 and the caller prefills again).
     pub fn truncate(&mut self, len: i64) {
-        for (k, v) in self.layers.iter_mut().flatten() {
-            *k = k.narrow(1, 0, len.min(k.size()[1]));
-            *v = v.narrow(1, 0, len.min(v.size()[1]));
+        let linear_past = self
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerCache::Linear(Some(s)) if s.len > len));
+        if linear_past {
+            *self = KvCache::new(self.layers.len());
+            return;
+        }
+        for l in &mut self.layers {
+            if let LayerCache::Kv(Some((k, v))) = l {
+                *k = k.narrow(1, 0, len.min(k.size()[1]));
+                *v = v.narrow(1, 0, len.min(v.size()[1]));
+            }
         }
     }
 }
@@ -172,6 +263,8 @@ pub struct Attention {
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
+    /// `q_proj` yields `[q | gate]` per head; the output is scaled by `sigmoid(gate)`.
+    output_gate: bool,
 }
 
 impl Attention {
@@ -184,19 +277,21 @@ impl Attention {
             cfg.hidden_size,
         );
         let bias = |name: &str, n: i64| cfg.attention_bias.then(|| (p / name).zeros("bias", &[n]));
+        let q_out = if cfg.attn_output_gate { 2 * h * d } else { h * d };
         Attention {
-            q_proj: weight(&(p / "q_proj"), h * d, hid),
+            q_proj: weight(&(p / "q_proj"), q_out, hid),
             k_proj: weight(&(p / "k_proj"), kvh * d, hid),
             v_proj: weight(&(p / "v_proj"), kvh * d, hid),
             o_proj: weight(&(p / "o_proj"), hid, h * d),
-            q_bias: bias("q_proj", h * d),
+            q_bias: bias("q_proj", q_out),
             k_bias: bias("k_proj", kvh * d),
             v_bias: bias("v_proj", kvh * d),
-            q_norm: RmsNorm::new(&(p / "q_norm"), d, cfg.rms_norm_eps),
-            k_norm: RmsNorm::new(&(p / "k_norm"), d, cfg.rms_norm_eps),
+            q_norm: RmsNorm::with_offset(&(p / "q_norm"), d, cfg.rms_norm_eps, cfg.norm_offset),
+            k_norm: RmsNorm::with_offset(&(p / "k_norm"), d, cfg.rms_norm_eps, cfg.norm_offset),
             heads: h,
             kv_heads: kvh,
             head_dim: d,
+            output_gate: cfg.attn_output_gate,
         }
     }
 
@@ -217,8 +312,16 @@ impl Attention {
         mask: &AttnMask,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Tensor {
-        let (q, k, v) = self.qkv(x, cos, sin);
-        linear(&self.attend(&q, k, v, mask, cache), &self.o_proj)
+        let (q, k, v, gate) = self.qkv(x, cos, sin);
+        self.output(self.attend(&q, k, v, mask, cache), gate)
+    }
+
+    /// `o_proj(attn · sigmoid(gate))`, or `o_proj(attn)` without an output gate.
+    fn output(&self, attn: Tensor, gate: Option<Tensor>) -> Tensor {
+        match gate {
+            Some(g) => linear(&(attn * g.sigmoid()), &self.o_proj),
+            None => linear(&attn, &self.o_proj),
+        }
     }
 
     /// One decode step of B sequences: row b of `x` (`[B, hidden]`, `cos`/`sin` `[B, head_dim]`)
@@ -238,7 +341,7 @@ impl Attention {
         sin: &Tensor,
         slots: Vec<&mut Option<(Tensor, Tensor)>>,
     ) -> Tensor {
-        let (q, k, v) = self.qkv(x, cos, sin);
+        let (q, k, v, gate) = self.qkv(x, cos, sin);
         let rows: Vec<Tensor> = slots
             .into_iter()
             .enumerate()
@@ -247,20 +350,25 @@ impl Attention {
                 self.attend(&row(&q), row(&k), row(&v), &AttnMask::Causal, Some(slot))
             })
             .collect();
-        linear(&Tensor::cat(&rows, 0), &self.o_proj)
+        self.output(Tensor::cat(&rows, 0), gate)
     }
 
     /// Queries, keys and values of `x` (`[T, hidden]`) after the q/k norms and RoPE:
-    /// `[heads, T, D]`, `[kv_heads, T, D]`, `[kv_heads, T, D]`.
-    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// `[heads, T, D]`, `[kv_heads, T, D]`, `[kv_heads, T, D]`; and the output gate `[T, heads·D]`.
+    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> (Tensor, Tensor, Tensor, Option<Tensor>) {
         let t = x.size()[0];
         let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
-        let q = Self::project(x, &self.q_proj, &self.q_bias).view([t, h, d]);
+        let (q, gate) = if self.output_gate {
+            let qg = Self::project(x, &self.q_proj, &self.q_bias).view([t, h, 2 * d]);
+            (qg.narrow(2, 0, d), Some(qg.narrow(2, d, d).reshape([t, h * d])))
+        } else {
+            (Self::project(x, &self.q_proj, &self.q_bias).view([t, h, d]), None)
+        };
         let k = Self::project(x, &self.k_proj, &self.k_bias).view([t, kvh, d]);
         let v = Self::project(x, &self.v_proj, &self.v_bias).view([t, kvh, d]);
         let q = apply_rope(&self.q_norm.forward(&q).transpose(0, 1), cos, sin);
         let k = apply_rope(&self.k_norm.forward(&k).transpose(0, 1), cos, sin);
-        (q, k, v.transpose(0, 1))
+        (q, k, v.transpose(0, 1), gate)
     }
 
     /// Attention of the T queries `q` over the keys and values `k`, `v` (appended to `cache`

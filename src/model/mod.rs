@@ -1,4 +1,5 @@
-//! Qwen3 and Qwen3-MoE in tch, loaded from and saved to Hugging Face checkpoints.
+//! Qwen3, Qwen3-MoE and the hybrid Qwen3-Next / Qwen3.5-MoE family in tch, loaded from and saved
+//! to Hugging Face checkpoints.
 //!
 //! - [`Config`]: `config.json` in both key layouts found in the wild.
 //! - [`CausalLm`]: the network; var names equal HF tensor names, so [`Model::load`] /
@@ -12,6 +13,7 @@
 
 mod checkpoint;
 mod config;
+mod gated_deltanet;
 mod head;
 mod layers;
 mod moe;
@@ -20,11 +22,11 @@ mod qwen3;
 use std::path::PathBuf;
 
 pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
-pub use config::Config;
+pub use config::{Config, LayerType, SUPPORTED_MODEL_TYPES};
 pub use head::{DEFAULT_LOGPROB_CHUNK, ENTROPY_SAMPLE};
-pub use layers::{AttnMask, KvCache};
+pub use layers::{AttnMask, KvCache, LinearState};
 pub use moe::MoeRouting;
-pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput};
+pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput, Mixer};
 
 /// Errors of loading, saving and configuring a model; each names the file and tensor involved.
 #[derive(Debug, thiserror::Error)]

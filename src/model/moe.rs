@@ -10,10 +10,17 @@
 //! the replayed experts (renormalised when `norm_topk_prob`, i.e. softmax over the selected
 //! logits), so gradients reach the router. Rows with -1 (e.g. the last token when the engine
 //! returned T−1 rows) route normally.
+//!
+//! Qwen3-Next and Qwen3.5 (transformers' `Qwen3NextSparseMoeBlock`, `Qwen3_5MoeSparseMoeBlock`)
+//! add a shared expert every token goes through, scaled by `sigmoid(shared_expert_gate(x))`; it
+//! takes no part in routing or replay. Experts are stored either one module per expert
+//! (`experts.E.gate_proj.weight`, ...) or fused as transformers ≥ 5 keeps them
+//! (`experts.gate_up_proj` `[E, 2·I, hidden]`, `experts.down_proj` `[E, hidden, I]`); the vars
+//! follow the checkpoint, so it is saved in the layout it came in.
 
 use tch::{nn, Kind, Tensor};
 
-use super::layers::{weight, Mlp};
+use super::layers::{linear, weight, Mlp};
 use super::Config;
 
 /// What one MoE layer did: the expert ids used and the router's own choice.
@@ -25,24 +32,78 @@ pub struct MoeRouting {
     pub own: Tensor,
 }
 
-/// Router plus experts of one layer (`model.layers.N.mlp`).
+/// The routed experts of one layer, in the checkpoint's layout.
+#[derive(Debug)]
+enum Experts {
+    /// `experts.E.{gate,up,down}_proj.weight`.
+    PerExpert(Vec<Mlp>),
+    /// `experts.gate_up_proj` `[E, 2·I, hidden]` and `experts.down_proj` `[E, hidden, I]`.
+    Fused {
+        gate_up: Tensor,
+        down: Tensor,
+        inter: i64,
+    },
+}
+
+impl Experts {
+    fn len(&self) -> i64 {
+        match self {
+            Experts::PerExpert(v) => v.len() as i64,
+            Experts::Fused { gate_up, .. } => gate_up.size()[0],
+        }
+    }
+
+    /// Expert `e`'s SwiGLU on `[N, hidden]`.
+    fn forward(&self, e: usize, x: &Tensor) -> Tensor {
+        match self {
+            Experts::PerExpert(v) => v[e].forward(x),
+            Experts::Fused { gate_up, down, inter } => {
+                let gu = linear(x, &gate_up.get(e as i64));
+                let g = gu.narrow(-1, 0, *inter).silu();
+                linear(&(g * gu.narrow(-1, *inter, *inter)), &down.get(e as i64))
+            }
+        }
+    }
+}
+
+/// Router plus experts of one layer (`model.layers.N.mlp`), and the gated shared expert of the
+/// hybrid families.
 #[derive(Debug)]
 pub struct SparseMoe {
     gate: Tensor,
-    experts: Vec<Mlp>,
+    experts: Experts,
+    /// `shared_expert` and `shared_expert_gate.weight` (`[1, hidden]`).
+    shared: Option<(Mlp, Tensor)>,
     top_k: i64,
     norm_topk_prob: bool,
 }
 
 impl SparseMoe {
-    /// Creates `<p>.gate.weight` and `<p>.experts.E.{gate,up,down}_proj.weight`.
+    /// Creates `<p>.gate.weight`, the experts (per expert or fused, [`Config::fused_experts`])
+    /// and, when `shared_expert_intermediate_size > 0`, `<p>.shared_expert.*` and
+    /// `<p>.shared_expert_gate.weight`.
     pub fn new(p: &nn::Path, cfg: &Config) -> Self {
         let ep = p / "experts";
+        let (h, inter, n) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts);
+        let experts = if cfg.fused_experts {
+            Experts::Fused {
+                gate_up: ep.randn("gate_up_proj", &[n, 2 * inter, h], 0.0, super::layers::INIT_STD),
+                down: ep.randn("down_proj", &[n, h, inter], 0.0, super::layers::INIT_STD),
+                inter,
+            }
+        } else {
+            Experts::PerExpert((0..n).map(|e| Mlp::new(&(&ep / e), h, inter)).collect())
+        };
+        let shared = (cfg.shared_expert_intermediate_size > 0).then(|| {
+            (
+                Mlp::new(&(p / "shared_expert"), h, cfg.shared_expert_intermediate_size),
+                weight(&(p / "shared_expert_gate"), 1, h),
+            )
+        });
         SparseMoe {
-            gate: weight(&(p / "gate"), cfg.num_experts, cfg.hidden_size),
-            experts: (0..cfg.num_experts)
-                .map(|e| Mlp::new(&(&ep / e), cfg.hidden_size, cfg.moe_intermediate_size))
-                .collect(),
+            gate: weight(&(p / "gate"), n, h),
+            experts,
+            shared,
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
         }
@@ -50,7 +111,7 @@ impl SparseMoe {
 
     /// `x`: `[T, hidden]`; `replay`: optional `[T, k]` int64 ids (-1 rows route normally).
     pub fn forward(&self, x: &Tensor, replay: Option<&Tensor>) -> (Tensor, MoeRouting) {
-        let logits = super::layers::linear(x, &self.gate);
+        let logits = linear(x, &self.gate);
         let probs = logits.softmax(-1, Kind::Float);
         let (_, own) = probs.topk(self.top_k, -1, true, true);
         let used = match replay {
@@ -66,6 +127,11 @@ impl SparseMoe {
         }
         let gates = gates.to_kind(x.kind());
         let out = self.dispatch(x, &used, &gates);
+        // transformers: experts + sigmoid(shared_expert_gate(x)) · shared_expert(x).
+        let out = match &self.shared {
+            Some((mlp, gate)) => out + linear(x, gate).sigmoid() * mlp.forward(x),
+            None => out,
+        };
         (out, MoeRouting { used, own })
     }
 
@@ -77,7 +143,7 @@ impl SparseMoe {
         let k = self.top_k;
         let flat = ids.reshape([-1]);
         let order = flat.argsort(0, false);
-        let counts = Vec::<i64>::try_from(flat.bincount(None::<Tensor>, self.experts.len() as i64))
+        let counts = Vec::<i64>::try_from(flat.bincount(None::<Tensor>, self.experts.len()))
             .expect("invariant: bincount is a 1-d int64 tensor");
         let token_of = order.floor_divide_scalar(k);
         let gate_sorted = gates.reshape([-1]).index_select(0, &order);
@@ -88,7 +154,7 @@ impl SparseMoe {
                 continue;
             }
             let tokens = token_of.narrow(0, start, n);
-            let y = self.experts[e].forward(&x.index_select(0, &tokens))
+            let y = self.experts.forward(e, &x.index_select(0, &tokens))
                 * gate_sorted.narrow(0, start, n).unsqueeze(-1);
             out = out.index_add(0, &tokens, &y);
             start += n;
@@ -108,7 +174,7 @@ impl SparseMoe {
         let gates = gates.reshape([-1]);
         let mut out: Option<Tensor> = None;
         for j in order {
-            let y = self.experts[ids[j] as usize].forward(x) * gates.narrow(0, j as i64, 1);
+            let y = self.experts.forward(ids[j] as usize, x) * gates.narrow(0, j as i64, 1);
             // `0 + y` is `y` exactly: the first product needs no zeros to be added to.
             out = Some(match out {
                 Some(o) => o + y,

@@ -1,5 +1,8 @@
 //! `CausalLm`: Qwen3ForCausalLM and Qwen3MoeForCausalLM (transformers' `modeling_qwen3.py` and
-//! `modeling_qwen3_moe.py`) over one packed row of tokens.
+//! `modeling_qwen3_moe.py`), and the hybrid Qwen3NextForCausalLM and the text model of
+//! Qwen3_5MoeForConditionalGeneration (`modeling_qwen3_next.py`, `modeling_qwen3_5_moe.py`),
+//! over one packed row of tokens. Each layer's token mixer is a [`Mixer`] arm: full attention
+//! (`self_attn`) or Gated DeltaNet (`linear_attn`); the rest of the layer is shared.
 //!
 //! The forward takes token ids, their positions, how they attend ([`AttnMask`]), an optional
 //! routing to replay (`[T, moe_layers, k]`, -1 rows route normally) and an optional [`KvCache`];
@@ -11,9 +14,67 @@
 
 use tch::{nn, Kind, Tensor};
 
+use super::config::LayerType;
+use super::gated_deltanet::GatedDeltaNet;
 use super::layers::{Attention, AttnMask, KvCache, Mlp, RmsNorm, Rope, INIT_STD};
 use super::moe::{MoeRouting, SparseMoe};
 use super::Config;
+
+/// The token mixer of one layer.
+#[derive(Debug)]
+pub enum Mixer {
+    /// `self_attn`: softmax attention (gated output in the hybrid families).
+    FullAttention(Attention),
+    /// `linear_attn`: Gated DeltaNet.
+    GatedDeltaNet(GatedDeltaNet),
+}
+
+/// What every layer's token mixer of one forward shares: RoPE tables, the mask, and the
+/// sequences of the packed row as `(start, len)` (the linear-attention layers run each alone).
+pub(crate) struct MixCtx<'a> {
+    cos: Tensor,
+    sin: Tensor,
+    mask: &'a AttnMask<'a>,
+    segments: Vec<(i64, i64)>,
+}
+
+impl Mixer {
+    /// The mixer over a whole row (training, prefill); `cache` is the sequence's cache and `i`
+    /// this layer's index in it.
+    fn forward(&self, h: &Tensor, ctx: &MixCtx, cache: Option<(&mut KvCache, usize)>) -> Tensor {
+        match self {
+            Mixer::FullAttention(a) => {
+                a.forward(h, &ctx.cos, &ctx.sin, ctx.mask, cache.map(|(c, i)| c.slot(i)))
+            }
+            Mixer::GatedDeltaNet(g) => g.forward(h, &ctx.segments, cache.map(|(c, i)| c.linear_slot(i))),
+        }
+    }
+}
+
+/// The sequences of a packed row: one for a causal mask; for a block-diagonal one, a new
+/// sequence starts at every row that may not attend to its predecessor.
+fn segments(mask: &AttnMask, t: i64) -> Vec<(i64, i64)> {
+    let AttnMask::Packed(m) = mask else {
+        return vec![(0, t)];
+    };
+    let sees_prev = Vec::<i64>::try_from(
+        m.diagonal(-1, 0, 1)
+            .to_kind(Kind::Int64)
+            .to_device(tch::Device::Cpu),
+    )
+    .expect("invariant: a [T-1] int64 tensor");
+    let mut starts = vec![0];
+    starts.extend(
+        sees_prev
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| s == 0)
+            .map(|(i, _)| i as i64 + 1),
+    );
+    let mut ends = starts[1..].to_vec();
+    ends.push(t);
+    starts.iter().zip(ends).map(|(&s, e)| (s, e - s)).collect()
+}
 
 /// Dense MLP or routed experts.
 #[derive(Debug)]
@@ -26,7 +87,7 @@ pub enum FeedForward {
 #[derive(Debug)]
 pub struct DecoderLayer {
     input_layernorm: RmsNorm,
-    self_attn: Attention,
+    mixer: Mixer,
     post_attention_layernorm: RmsNorm,
     mlp: FeedForward,
 }
@@ -39,40 +100,43 @@ impl DecoderLayer {
         } else {
             FeedForward::Dense(Mlp::new(&(p / "mlp"), cfg.hidden_size, cfg.intermediate_size))
         };
+        let mixer = match cfg.layer_types.get(i as usize) {
+            Some(LayerType::LinearAttention) => {
+                Mixer::GatedDeltaNet(GatedDeltaNet::new(&(p / "linear_attn"), cfg))
+            }
+            _ => Mixer::FullAttention(Attention::new(&(p / "self_attn"), cfg)),
+        };
+        let norm = |name: &str| {
+            RmsNorm::with_offset(&(p / name), cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
+        };
         DecoderLayer {
-            input_layernorm: RmsNorm::new(&(p / "input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps),
-            self_attn: Attention::new(&(p / "self_attn"), cfg),
-            post_attention_layernorm: RmsNorm::new(
-                &(p / "post_attention_layernorm"),
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
-            ),
+            input_layernorm: norm("input_layernorm"),
+            mixer,
+            post_attention_layernorm: norm("post_attention_layernorm"),
             mlp,
         }
     }
 
-    /// `x + attn(norm(x))`, then `+ mlp(norm(·))`; the routing when the layer is MoE (`replay`:
+    /// `x + mixer(norm(x))`, then `+ mlp(norm(·))`; the routing when the layer is MoE (`replay`:
     /// this layer's `[T, k]` recorded expert ids).
-    pub fn forward(
+    fn forward(
         &self,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: &AttnMask,
-        slot: Option<&mut Option<(Tensor, Tensor)>>,
+        ctx: &MixCtx,
+        cache: Option<(&mut KvCache, usize)>,
         replay: Option<&Tensor>,
     ) -> (Tensor, Option<MoeRouting>) {
-        self.forward_with(x, |attn, h| attn.forward(h, cos, sin, mask, slot), replay)
+        self.forward_with(x, |mixer, h| mixer.forward(h, ctx, cache), replay)
     }
 
-    /// [`Self::forward`] with the attention given as `attend(self_attn, norm(x))`.
+    /// [`Self::forward`] with the token mixing given as `mix(mixer, norm(x))`.
     fn forward_with(
         &self,
         x: &Tensor,
-        attend: impl FnOnce(&Attention, &Tensor) -> Tensor,
+        mix: impl FnOnce(&Mixer, &Tensor) -> Tensor,
         replay: Option<&Tensor>,
     ) -> (Tensor, Option<MoeRouting>) {
-        let h = attend(&self.self_attn, &self.input_layernorm.forward(x));
+        let h = mix(&self.mixer, &self.input_layernorm.forward(x));
         // Out of place: autograd saved `x` for the norm's backward (`+=` would be in place).
         let x = x + h;
         let hn = self.post_attention_layernorm.forward(&x);
@@ -135,7 +199,7 @@ pub struct CausalLm {
 impl CausalLm {
     /// Creates every var under `p` (the VarStore root), randomly initialised like transformers.
     pub fn new(p: &nn::Path, cfg: &Config) -> Self {
-        let m = p / "model";
+        let m = cfg.text_prefix.split('.').fold(p.clone(), |p, part| p / part);
         let embed_tokens =
             (&m / "embed_tokens").randn("weight", &[cfg.vocab_size, cfg.hidden_size], 0.0, INIT_STD);
         let lp = &m / "layers";
@@ -148,7 +212,7 @@ impl CausalLm {
             cfg: cfg.clone(),
             embed_tokens,
             layers,
-            norm: RmsNorm::new(&(&m / "norm"), cfg.hidden_size, cfg.rms_norm_eps),
+            norm: RmsNorm::with_offset(&(&m / "norm"), cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset),
             lm_head,
             rope: Rope::new(cfg, p.device()),
         }
@@ -167,15 +231,27 @@ impl CausalLm {
         if let Some(c) = cache.as_deref_mut() {
             self.fit_cache(c);
         }
-        self.run(
-            input.tokens,
-            input.positions,
-            input.replay,
-            |i, attn, h, cos, sin| {
-                let slot = cache.as_deref_mut().map(|c| c.slot(i));
-                attn.forward(h, cos, sin, &input.mask, slot)
-            },
-        )
+        let ctx = self.ctx(input.tokens, input.positions, &input.mask);
+        self.run(input.tokens, input.replay, |i, mixer, h| {
+            mixer.forward(h, &ctx, cache.as_deref_mut().map(|c| (c, i)))
+        })
+    }
+
+    /// RoPE tables and sequences of one forward.
+    fn ctx<'a>(&self, tokens: &Tensor, positions: &Tensor, mask: &'a AttnMask<'a>) -> MixCtx<'a> {
+        let kind = self.embed_tokens.kind();
+        let (cos, sin) = self.rope.tables(positions, kind);
+        let t = tokens.size()[0];
+        let hybrid = self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)));
+        MixCtx {
+            cos,
+            sin,
+            mask,
+            segments: if hybrid { segments(mask, t) } else { vec![(0, t)] },
+        }
     }
 
     /// One decode step of B sequences in one forward: row b of `tokens` and `positions` (`[B]`
@@ -193,9 +269,16 @@ impl CausalLm {
         for c in caches.iter_mut() {
             self.fit_cache(c);
         }
-        self.run(tokens, positions, None, |i, attn, h, cos, sin| {
-            let slots = caches.iter_mut().map(|c| c.slot(i)).collect();
-            attn.decode(h, cos, sin, slots)
+        let mask = AttnMask::Causal;
+        let ctx = self.ctx(tokens, positions, &mask);
+        self.run(tokens, None, |i, mixer, h| match mixer {
+            Mixer::FullAttention(a) => a.decode(
+                h,
+                &ctx.cos,
+                &ctx.sin,
+                caches.iter_mut().map(|c| c.slot(i)).collect(),
+            ),
+            Mixer::GatedDeltaNet(g) => g.decode(h, caches.iter_mut().map(|c| c.linear_slot(i)).collect()),
         })
     }
 
@@ -206,22 +289,20 @@ impl CausalLm {
         }
     }
 
-    /// Embeddings → layers → final norm, with each layer's attention done by
-    /// `attend(layer index, self_attn, normed input, cos, sin)`.
+    /// Embeddings → layers → final norm, with each layer's token mixing done by
+    /// `mix(layer index, mixer, normed input)`.
     fn run(
         &self,
         tokens: &Tensor,
-        positions: &Tensor,
         replay: Option<&Tensor>,
-        mut attend: impl FnMut(usize, &Attention, &Tensor, &Tensor, &Tensor) -> Tensor,
+        mut mix: impl FnMut(usize, &Mixer, &Tensor) -> Tensor,
     ) -> ForwardOutput {
         let mut x = Tensor::embedding(&self.embed_tokens, tokens, -1, false, false);
-        let (cos, sin) = self.rope.tables(positions, x.kind());
         let mut used = Vec::new();
         let mut own = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             let replay = replay.map(|r| r.select(1, used.len() as i64));
-            let (y, routing) = layer.forward_with(&x, |a, h| attend(i, a, h, &cos, &sin), replay.as_ref());
+            let (y, routing) = layer.forward_with(&x, |m, h| mix(i, m, h), replay.as_ref());
             x = y;
             if let Some(r) = routing {
                 used.push(r.used);
@@ -246,19 +327,19 @@ impl CausalLm {
     /// with `forward(..).hidden` + the same head (same arithmetic, recomputed; MoE layers
     /// recompute with the same replayed routing, so the expert choice cannot differ).
     pub fn backward_checkpointed<R>(&self, input: &ForwardInput, head: impl FnOnce(&Tensor) -> R) -> R {
-        let (cos, sin, inputs, last) = {
+        let ctx = self.ctx(input.tokens, input.positions, &input.mask);
+        let (inputs, last) = {
             let _g = tch::no_grad_guard();
             let mut x = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
-            let (cos, sin) = self.rope.tables(input.positions, x.kind());
             let mut inputs = Vec::with_capacity(self.layers.len());
             let mut moe = 0;
             for layer in &self.layers {
                 let replay = self.replay_slice(layer, input, &mut moe);
-                let (y, _) = layer.forward(&x, &cos, &sin, &input.mask, None, replay.as_ref());
+                let (y, _) = layer.forward(&x, &ctx, None, replay.as_ref());
                 inputs.push(x);
                 x = y;
             }
-            (cos, sin, inputs, x)
+            (inputs, x)
         };
         let leaf = last.detach().set_requires_grad(true);
         let value = head(&self.norm.forward(&leaf));
@@ -273,7 +354,7 @@ impl CausalLm {
                 FeedForward::Dense(_) => None,
             };
             let x = x.set_requires_grad(true);
-            let (y, _) = layer.forward(&x, &cos, &sin, &input.mask, None, replay.as_ref());
+            let (y, _) = layer.forward(&x, &ctx, None, replay.as_ref());
             (y * &grad).sum(Kind::Float).backward();
             grad = x.grad();
         }

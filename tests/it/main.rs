@@ -12,6 +12,7 @@ mod docs;
 mod engine;
 mod filter_tasks;
 mod harnesses;
+mod hybrid;
 mod io;
 mod learn_scripts;
 mod model;

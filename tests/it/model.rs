@@ -38,11 +38,11 @@ pub fn seq_logprobs(
     )
 }
 
-fn read_json(p: &Path) -> Value {
+pub fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
-fn ids_of(seq: &Value) -> Vec<i64> {
+pub fn ids_of(seq: &Value) -> Vec<i64> {
     seq["input_ids"]
         .as_array()
         .unwrap()
@@ -51,7 +51,7 @@ fn ids_of(seq: &Value) -> Vec<i64> {
         .collect()
 }
 
-fn floats(v: &Value) -> Vec<f64> {
+pub fn floats(v: &Value) -> Vec<f64> {
     v.as_array()
         .unwrap()
         .iter()
@@ -59,13 +59,13 @@ fn floats(v: &Value) -> Vec<f64> {
         .collect()
 }
 
-fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
 /// `[T, L, k]` routing tensor → nested Vec `[L][T][k]` like reference.json.
-fn routing_lists(r: &Tensor) -> Vec<Vec<Vec<i64>>> {
+pub fn routing_lists(r: &Tensor) -> Vec<Vec<Vec<i64>>> {
     let r = r.permute([1, 0, 2]).contiguous();
     let s = r.size();
     let flat = Vec::<i64>::try_from(r.reshape([-1])).unwrap();
@@ -81,7 +81,7 @@ fn routing_lists(r: &Tensor) -> Vec<Vec<Vec<i64>>> {
         .collect()
 }
 
-fn reference_routing(seq: &Value) -> Vec<Vec<Vec<i64>>> {
+pub fn reference_routing(seq: &Value) -> Vec<Vec<Vec<i64>>> {
     serde_json::from_value(seq["topk_experts"].clone()).unwrap()
 }
 

@@ -424,10 +424,11 @@ fn later_updates_of_a_step_see_moved_ratios() {
 
 /// Per-layer activation checkpointing recomputes the same arithmetic: the accumulated gradients
 /// (and so the update) equal those of the plain backward pass, on the MoE (with routing replay,
-/// packed micro-batches, two segments) and on the dense model.
+/// packed micro-batches, two segments), on the dense model, and on the hybrid Qwen3.5 (packed
+/// rows through the Gated DeltaNet, one sequence at a time).
 #[test]
 fn activation_checkpointing_gives_the_same_gradients() {
-    for dir in [tiny_moe(), tiny_dense()] {
+    for dir in [tiny_moe(), tiny_dense(), crate::hybrid::tiny_qwen35()] {
         let model = Model::load(&dir, Device::Cpu, None).unwrap();
         let batch = moe_samples(&model);
         drop(model);
