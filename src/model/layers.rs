@@ -147,6 +147,64 @@ impl KvCache {
             *v = v.narrow(1, 0, len.min(v.size()[1]));
         }
     }
+
+    /// A cache holding the given per-layer `(k, v)`, each `[kv_heads, positions, head_dim]`.
+    pub fn from_layers(layers: Vec<(Tensor, Tensor)>) -> Self {
+        KvCache {
+            layers: layers.into_iter().map(Some).collect(),
+        }
+    }
+
+    /// A copy (own storage, not a view) of positions `start .. start + len` of every layer, for
+    /// a prefix cache. None when some layer holds no per-position keys and values (nothing
+    /// cached yet, or a state that cannot be cut at a position, like a recurrent layer's).
+    pub fn slice(&self, start: i64, len: i64) -> Option<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let (k, v) = l.as_ref()?;
+                let cut = |t: &Tensor| t.narrow(1, start, len).contiguous().copy();
+                Some(Some((cut(k), cut(v))))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(KvCache { layers })
+    }
+
+    /// The caches of consecutive position ranges joined into one (`parts` in position order,
+    /// all with the same layers); None when `parts` is empty or one of them cannot be joined.
+    pub fn concat(parts: &[&KvCache]) -> Option<KvCache> {
+        let first = parts.first()?;
+        if parts.len() == 1 {
+            return first.slice(0, first.len());
+        }
+        let layers = (0..first.layers.len())
+            .map(|i| {
+                let (ks, vs): (Vec<&Tensor>, Vec<&Tensor>) = parts
+                    .iter()
+                    .map(|p| p.layers.get(i)?.as_ref().map(|(k, v)| (k, v)))
+                    .collect::<Option<Vec<_>>>()?
+                    .into_iter()
+                    .unzip();
+                Some(Some((Tensor::cat(&ks, 1), Tensor::cat(&vs, 1))))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(KvCache { layers })
+    }
+
+    /// Bytes held by the cached keys and values.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| tensor_bytes(k) + tensor_bytes(v))
+            .sum()
+    }
+}
+
+/// Bytes of a tensor's elements.
+pub fn tensor_bytes(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
 }
 
 /// How the tokens of one forward call may attend to each other.
