@@ -9,6 +9,9 @@
 # Prints wall time of both modes and the speed-up (goal: episode >= 3x), prefill tokens computed
 # against the prompt tokens received, and the episode's unique prompt tokens (a trie of its
 # prompts: what an ideal cache computes; goal: prefill <= 1.3x unique).
+# Measured 2026-12-01 (2 shared CPU cores, defaults): episode of 5 requests, 137390 prompt tokens, 27676
+# unique: off 75.5 s, on 23.3 s = 3.23x; prefill tokens 137390 -> 27676 = 1.00x unique. Group of 8
+# (217576 prompt tokens): off 131.5 s, on 20.1 s = 6.55x; prefill tokens 217576 -> 27204.
 # Usage: scripts/bench/prefix_cache.sh [MAX_TOKENS] [GROUP] [REQUESTS_JSONL]   (default 16 8 claude-code)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
