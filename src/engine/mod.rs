@@ -12,6 +12,7 @@ pub mod prefix_cache;
 mod sampling;
 pub mod sglang;
 pub mod vllm;
+mod worker;
 
 use futures::future::BoxFuture;
 
