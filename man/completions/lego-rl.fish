@@ -122,6 +122,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l run-id -d 'L
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l base-image -d 'Image the harness runtime is installed with' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l cache-dir -d 'Cache of harness runtime downloads and locks (default $LEGO_RL_CACHE, else ~/.cache/lego-rl)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l device -d 'Device of the embedded engine: cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l prefix-cache-bytes -d 'Budget of the embedded engine\'s prefix cache: bytes of cached KV and routing (a plain number, or with a suffix: 512MiB, 4GiB, 2G = 2e9); 0 turns the cache off. A prompt that starts with a cached prefix (the conversation so far, a group\'s shared prompt) prefills only the rest; least recently used entries go first. A token costs 2 x layers x kv_heads x head_dim x dtype bytes (Qwen3-30B-A3B in bf16: 96 KiB, so 4 GiB holds ~44k tokens). With --follow the cache is dropped whenever new weights are loaded' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use lego_rl::engine::embedded::EmbeddedBackend;
+use lego_rl::engine::embedded::{EmbeddedBackend, EngineOptions};
 use lego_rl::engine::{Backend, GenerateOutput, GenerateRequest};
 use lego_rl::records::Sampling;
 
@@ -80,7 +80,14 @@ async fn main() -> anyhow::Result<()> {
     // transformers' step / head.
     println!("head_ms_per_token={:.4}", head_ms_per_token(ckpt, 256)?);
 
-    let interleaved = EmbeddedBackend::start_with_decode_batch(ckpt, tch::Device::Cpu, 1)?;
+    let interleaved = EmbeddedBackend::start_with(
+        ckpt,
+        tch::Device::Cpu,
+        EngineOptions {
+            max_decode_batch: 1,
+            ..EngineOptions::default()
+        },
+    )?;
     let levels = [1usize, 4, 8];
     let (mut batched_rates, mut interleaved_rates, mut equal_tokens) = (Vec::new(), Vec::new(), Vec::new());
     for &n in &levels {

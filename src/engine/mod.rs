@@ -8,8 +8,11 @@
 
 pub mod embedded;
 pub mod npy;
+pub mod prefix_cache;
+mod sampling;
 pub mod sglang;
 pub mod vllm;
+mod worker;
 
 use futures::future::BoxFuture;
 
@@ -84,6 +87,41 @@ pub struct GenerateOutput {
     pub finish_reason: FinishReason,
     /// Seconds the backend reported or the client measured.
     pub seconds: f64,
+    /// Prompt tokens the backend served from its prefix cache instead of computing them, when
+    /// it says (the embedded engine always does).
+    pub cached_tokens: Option<usize>,
+}
+
+/// What a backend's prefix cache has done so far (the embedded engine's; see
+/// [`prefix_cache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixCacheStats {
+    /// Prompt tokens received.
+    pub prompt_tokens: u64,
+    /// Prompt tokens computed by a prefill: those received minus those served from the cache.
+    pub prefill_tokens: u64,
+    /// Prompts prefilled, and how many of them started with a cached prefix.
+    pub requests: u64,
+    pub hits: u64,
+    /// Bytes of KV and routing cached now, and the budget (0: the cache is off).
+    pub bytes: u64,
+    pub budget: u64,
+    /// Cache entries evicted to stay within the budget.
+    pub evictions: u64,
+    /// Times the whole cache was dropped because the weights changed.
+    pub invalidations: u64,
+}
+
+impl PrefixCacheStats {
+    /// Prompt tokens served from the cache.
+    pub fn cached_tokens(&self) -> u64 {
+        self.prompt_tokens.saturating_sub(self.prefill_tokens)
+    }
+
+    /// Share of the prompt tokens served from the cache (None before any prompt).
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens() as f64 / self.prompt_tokens as f64)
+    }
 }
 
 /// Errors of the inference backends.
@@ -149,6 +187,10 @@ pub trait Backend: Send + Sync {
     }
     /// The longest prompt + output the model serves, when the backend knows it.
     fn context_length(&self) -> Option<usize> {
+        None
+    }
+    /// The prefix cache's counters, for backends that keep them in this process.
+    fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
         None
     }
     /// Loads new weights from a checkpoint directory (the asynchronous loop's policy update).

@@ -142,6 +142,8 @@ impl SglangBackend {
             seconds: meta["e2e_latency"]
                 .as_f64()
                 .unwrap_or_else(|| start.elapsed().as_secs_f64()),
+            // The radix cache's share of the prompt.
+            cached_tokens: meta["cached_tokens"].as_u64().map(|n| n as usize),
         })
     }
 

@@ -184,6 +184,10 @@ impl VllmBackend {
             logprobs,
             routing,
             seconds: start.elapsed().as_secs_f64(),
+            // Present when the server runs with `--enable-prompt-tokens-details`.
+            cached_tokens: v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .map(|n| n as usize),
         })
     }
 }

@@ -238,6 +238,72 @@ impl KvCache {
             }
         }
     }
+
+    /// A cache holding the given per-layer `(k, v)`, each `[kv_heads, positions, head_dim]`.
+    pub fn from_layers(layers: Vec<(Tensor, Tensor)>) -> Self {
+        KvCache {
+            layers: layers.into_iter().map(|kv| LayerCache::Kv(Some(kv))).collect(),
+        }
+    }
+
+    /// A copy (own storage, not a view) of positions `start .. start + len` of every layer, for
+    /// a prefix cache. None when some layer holds no per-position keys and values (nothing
+    /// cached yet, or a state that cannot be cut at a position, like a recurrent layer's).
+    pub fn slice(&self, start: i64, len: i64) -> Option<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let LayerCache::Kv(Some((k, v))) = l else {
+                    return None;
+                };
+                let cut = |t: &Tensor| t.narrow(1, start, len).contiguous().copy();
+                Some(LayerCache::Kv(Some((cut(k), cut(v)))))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(KvCache { layers })
+    }
+
+    /// The caches of consecutive position ranges joined into one (`parts` in position order,
+    /// all with the same layers); None when `parts` is empty or one of them cannot be joined.
+    pub fn concat(parts: &[&KvCache]) -> Option<KvCache> {
+        let first = parts.first()?;
+        if parts.len() == 1 {
+            return first.slice(0, first.len());
+        }
+        let layers = (0..first.layers.len())
+            .map(|i| {
+                let (ks, vs): (Vec<&Tensor>, Vec<&Tensor>) = parts
+                    .iter()
+                    .map(|p| match p.layers.get(i)? {
+                        LayerCache::Kv(Some((k, v))) => Some((k, v)),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()?
+                    .into_iter()
+                    .unzip();
+                Some(LayerCache::Kv(Some((Tensor::cat(&ks, 1), Tensor::cat(&vs, 1)))))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(KvCache { layers })
+    }
+
+    /// Bytes held by the cached keys and values (and recurrent states).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Kv(Some((k, v))) => tensor_bytes(k) + tensor_bytes(v),
+                LayerCache::Linear(Some(s)) => tensor_bytes(&s.conv) + tensor_bytes(&s.recurrent),
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+/// Bytes of a tensor's elements.
+pub fn tensor_bytes(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
 }
 
 /// How the tokens of one forward call may attend to each other.

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
 pub use config::{Config, LayerType, SUPPORTED_MODEL_TYPES};
 pub use head::{DEFAULT_LOGPROB_CHUNK, ENTROPY_SAMPLE};
-pub use layers::{AttnMask, KvCache, LinearState};
+pub use layers::{tensor_bytes, AttnMask, KvCache, LinearState};
 pub use moe::MoeRouting;
 pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput, Mixer};
 

@@ -560,6 +560,9 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
             record.extra.insert("routing_start".into(), json!(r.start));
         }
     }
+    if let Some(n) = out.cached_tokens {
+        record.extra.insert("cached_tokens".into(), json!(n));
+    }
     record.finish_reason = if parsed.tool_calls.is_empty() {
         out.finish_reason.as_str().into()
     } else {

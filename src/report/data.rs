@@ -70,6 +70,12 @@ pub struct StepRow {
     pub reread_after_edit: Option<f64>,
     pub files_viewed_before_edit: Option<f64>,
     pub success_after_failure: Option<f64>,
+    /// Prompt tokens of the step's trajectories whose backend reports its prefix cache
+    /// (`metadata.prefix_cache`), and how many of them it served from the cache.
+    pub prompt_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    /// `cached_prompt_tokens / prompt_tokens` (None without such trajectories).
+    pub prefix_cache_hit_rate: Option<f64>,
     pub audit: BTreeMap<String, u64>,
     pub terminations: BTreeMap<String, u64>,
     /// Held-out trajectories of this step's checkpoint (the run's `eval/` files).
@@ -278,6 +284,10 @@ pub fn build(
             *row.audit.entry(k.clone()).or_default() += 1;
         }
         *row.terminations.entry(s.termination.clone()).or_default() += 1;
+        if let Some(c) = t.metadata.get("prefix_cache") {
+            row.prompt_tokens += c["prompt_tokens"].as_u64().unwrap_or(0);
+            row.cached_prompt_tokens += c["cached_tokens"].as_u64().unwrap_or(0);
+        }
         tasks.entry(s.task_id.clone()).or_default().add(&s, &b);
         harnesses.entry(s.harness.clone()).or_default().add(&s, &b);
         terms.entry(s.termination.clone()).or_default().add(&s, &b);
@@ -337,6 +347,8 @@ pub fn build(
             row.reread_after_edit = Acc::mean(a.reread, a.edited);
             row.files_viewed_before_edit = Acc::mean(a.viewed, a.edited);
             row.success_after_failure = Acc::mean(a.recovered, a.failed_followed);
+            row.prefix_cache_hit_rate =
+                (row.prompt_tokens > 0).then(|| row.cached_prompt_tokens as f64 / row.prompt_tokens as f64);
             row
         })
         .collect();

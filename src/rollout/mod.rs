@@ -41,10 +41,10 @@ pub use forced::Forced;
 pub use plan::{GroupPlan, Shard};
 
 use crate::chat::ChatFormat;
-use crate::engine::embedded::EmbeddedBackend;
+use crate::engine::embedded::{EmbeddedBackend, EngineOptions};
 use crate::engine::sglang::SglangBackend;
 use crate::engine::vllm::VllmBackend;
-use crate::engine::Backend;
+use crate::engine::{Backend, PrefixCacheStats};
 use crate::harness::Harness;
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::proxy::{Proxy, ProxyConfig};
@@ -116,6 +116,8 @@ pub struct RolloutConfig {
     pub device: String,
     /// Context window offered to the harnesses (None: the backend's).
     pub max_context: Option<usize>,
+    /// Budget of the embedded engine's prefix cache in bytes (0: off).
+    pub prefix_cache_bytes: usize,
     /// Draw progress bars (the caller decides: TTY, not quiet).
     pub progress: bool,
 }
@@ -137,6 +139,8 @@ pub struct Summary {
     pub reloads: u64,
     /// The first infra failure's trajectory id and cause, so that the summary says why.
     pub first_infra_cause: Option<String>,
+    /// The backend's prefix-cache counters at the end, when it keeps them (the embedded engine).
+    pub prefix_cache: Option<PrefixCacheStats>,
 }
 
 /// Errors of a rollout run (each names its file or component).
@@ -259,7 +263,11 @@ async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backend>, PathBuf
                 )
             })?;
             let dir2 = dir.clone();
-            let b = tokio::task::spawn_blocking(move || EmbeddedBackend::start(&dir2, device))
+            let opts = EngineOptions {
+                prefix_cache_bytes: cfg.prefix_cache_bytes,
+                ..EngineOptions::default()
+            };
+            let b = tokio::task::spawn_blocking(move || EmbeddedBackend::start_with(&dir2, device, opts))
                 .await
                 .map_err(|e| err("embedded", e.to_string()))?
                 .map_err(|e| err("embedded", e.to_string()))?;
@@ -646,6 +654,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     progress.total.finish_and_clear();
     server.abort();
     summary.reward_mean = (graded > 0).then(|| reward_sum / graded as f64);
+    summary.prefix_cache = backend.prefix_cache_stats();
     Ok(summary)
 }
 

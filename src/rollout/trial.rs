@@ -207,6 +207,9 @@ fn trajectory(
     if forced > 0 {
         metadata.insert("forced_outputs".into(), json!(forced));
     }
+    if let Some(cache) = prefix_cache(&generations) {
+        metadata.insert("prefix_cache".into(), cache);
+    }
     if let Some(log) = &result.agent_log {
         metadata.insert("agent_log_tail".into(), Value::String(tail(log, 4000)));
     }
@@ -234,6 +237,20 @@ fn trajectory(
         mode: Some(shared.mode.clone()),
         metadata,
     }
+}
+
+/// `{prompt_tokens, cached_tokens}` summed over the generations whose backend said how many of
+/// their prompt tokens came from its prefix cache (None when none did).
+fn prefix_cache(generations: &[Generation]) -> Option<Value> {
+    let (mut prompt, mut cached, mut any) = (0u64, 0u64, false);
+    for g in generations {
+        if let Some(n) = g.extra.get("cached_tokens").and_then(Value::as_u64) {
+            prompt += g.prompt_ids.len() as u64;
+            cached += n;
+            any = true;
+        }
+    }
+    any.then(|| json!({"prompt_tokens": prompt, "cached_tokens": cached}))
 }
 
 fn tail(s: &str, n: usize) -> String {

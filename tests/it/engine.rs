@@ -27,7 +27,7 @@ fn request(prompt: &str, max_tokens: u32, seed: u64) -> GenerateRequest {
 }
 
 /// A stop string taken from a sampled output: rerunning with the same seed ends right at the token
-/// that completes it, with the same tokens and log-probs as before up to there.
+/// that completes it, with the same tokens and log-probs (within 1e-5) as before up to there.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sampled_generation_ends_at_the_token_completing_a_stop_string() {
     let e = engine();
@@ -68,7 +68,16 @@ async fn a_sampled_generation_ends_at_the_token_completing_a_stop_string() {
     let cut = e.generate(req).await.unwrap();
     assert_eq!(cut.finish_reason, FinishReason::Stop);
     assert_eq!(cut.output_ids, full.output_ids[..=k], "stop string {stop:?}");
-    assert_eq!(cut.logprobs, full.logprobs[..=k]);
+    // The rerun's prompt comes from the prefix cache: the same log-probs up to float summation
+    // order (the last prompt token attends over cached keys).
+    assert_eq!(cut.cached_tokens, Some(base.prompt_ids.len() - 1));
+    let d = cut
+        .logprobs
+        .iter()
+        .zip(&full.logprobs[..=k])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(d <= 1e-5, "|Δ log-prob| {d}");
     let routing = cut.routing.expect("routing");
     assert_eq!(routing.tokens, base.prompt_ids.len() + k);
 }

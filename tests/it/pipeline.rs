@@ -98,6 +98,19 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
                 .map(|t| (&t.termination, t.reward))
                 .collect::<Vec<_>>()
         );
+        // The prefix cache (on by default) served the group's shared first prompt and each
+        // trial's earlier turns; the Pearson bound below holds for the captures it gave.
+        let (prompt, cached) = trajs.iter().fold((0, 0), |(p, c), t| {
+            let m = &t.metadata["prefix_cache"];
+            (
+                p + m["prompt_tokens"].as_u64().expect("metadata.prefix_cache"),
+                c + m["cached_tokens"].as_u64().expect("metadata.prefix_cache"),
+            )
+        });
+        assert!(
+            cached * 2 > prompt,
+            "{cached} of {prompt} prompt tokens from the cache"
+        );
         let rewards: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
         assert!(
             rewards.contains(&1.0) && rewards.contains(&0.0),
