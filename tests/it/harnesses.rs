@@ -105,7 +105,10 @@ fn episode_with(harness: &str, script: &Path, extra: &[&str]) -> (Trajectory, te
     let fx = fixture();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("traj.jsonl.zst");
-    let run_id = format!("it-{harness}-{}", std::process::id());
+    // Unique per script: a rollout removes what carries its run id, so two tests of one harness
+    // running at once must not share one.
+    let tag = script.file_stem().and_then(|s| s.to_str()).unwrap_or("script");
+    let run_id = format!("it-{harness}-{tag}-{}", std::process::id());
     let o = lego()
         .args(["rollout", "-i"])
         .arg(&fx.tasks)

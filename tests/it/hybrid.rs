@@ -67,25 +67,7 @@ fn matches_transformers(dir: &Path, moe_layers: usize) {
         assert_eq!(routing.size(), vec![ids.len() as i64, moe_layers as i64, 2]);
         assert_eq!(routing_lists(&routing), reference_routing(seq), "{}", seq["name"]);
         assert!(routing.equal(&own.unwrap()));
-        let _g = tch::no_grad_guard();
-        let n = ids.len() as i64;
-        let t = Tensor::from_slice(&ids);
-        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu));
-        let h = model.lm.forward(&ForwardInput::causal(&t, &pos), None).hidden;
-        let logits = model
-            .lm
-            .logits(&h.narrow(0, n - 3, 3))
-            .narrow(1, 0, 16)
-            .to_kind(Kind::Double);
-        let got = Vec::<f64>::try_from(logits.reshape([-1])).unwrap();
-        let want: Vec<f64> = seq["logits_last3_first16"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(floats)
-            .collect();
-        let d = max_abs_diff(&got, &want);
-        assert!(d < 1e-4, "{}: logits max |Δ| {d}", seq["name"]);
+        crate::model::assert_last_logits(&model, &ids, seq);
     }
 }
 

@@ -122,27 +122,32 @@ fn dense_log_probs_and_logits_match_transformers() {
         assert!(routing.is_none());
         let d = max_abs_diff(&lp, &floats(&seq["next_token_logprobs"]));
         assert!(d < 1e-4, "{}: log-prob max |Δ| {d}", seq["name"]);
-        // Raw logits at the last three positions, vocab ids 0..15.
-        let _g = tch::no_grad_guard();
-        let n = ids.len() as i64;
-        let t = ids_tensor(&ids);
-        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu));
-        let h = model.lm.forward(&ForwardInput::causal(&t, &pos), None).hidden;
-        let logits = model
-            .lm
-            .logits(&h.narrow(0, n - 3, 3))
-            .narrow(1, 0, 16)
-            .to_kind(Kind::Double);
-        let got = Vec::<f64>::try_from(logits.reshape([-1])).unwrap();
-        let want: Vec<f64> = seq["logits_last3_first16"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(floats)
-            .collect();
-        let d = max_abs_diff(&got, &want);
-        assert!(d < 1e-4, "{}: logits max |Δ| {d}", seq["name"]);
+        assert_last_logits(&model, &ids, seq);
     }
+}
+
+/// The raw logits at the last three positions of `ids`, vocab ids 0..15, equal the reference
+/// sequence's `logits_last3_first16` within 1e-4.
+pub fn assert_last_logits(model: &Model, ids: &[i64], seq: &Value) {
+    let _g = tch::no_grad_guard();
+    let n = ids.len() as i64;
+    let t = ids_tensor(ids);
+    let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu));
+    let h = model.lm.forward(&ForwardInput::causal(&t, &pos), None).hidden;
+    let logits = model
+        .lm
+        .logits(&h.narrow(0, n - 3, 3))
+        .narrow(1, 0, 16)
+        .to_kind(Kind::Double);
+    let got = Vec::<f64>::try_from(logits.reshape([-1])).unwrap();
+    let want: Vec<f64> = seq["logits_last3_first16"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(floats)
+        .collect();
+    let d = max_abs_diff(&got, &want);
+    assert!(d < 1e-4, "{}: logits max |Δ| {d}", seq["name"]);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use lego_rl::io::{read_all, ReadOptions};
-use lego_rl::records::{Sample, StepMetrics, Task, Trajectory, ValidationReport};
+use lego_rl::records::{AlignStats, Sample, StepMetrics, Task, Trajectory, ValidationReport};
 
 use crate::common::{docker_available, lego, root};
 
@@ -118,6 +118,12 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
         );
         let samples: Vec<Sample> = read(&run.join(format!("samples/{name}.jsonl.zst")));
         assert!(!samples.is_empty());
+        // loop.sh runs align without --model: it decoded every capture with the tokenizer the
+        // trajectories name, so the statistics the gates read are exact.
+        let stats: Vec<AlignStats> = read(&run.join(format!("align-stats/{name}.jsonl.zst")));
+        let total = stats.last().expect("align-stats total");
+        assert!(total.trajectory_id.is_none() && total.trajectories == 4);
+        assert_eq!(total.without_tokenizer, 0, "{total:?}");
         for s in &samples {
             assert_eq!(s.loss_mask.len(), s.token_ids.len(), "{}", s.id);
             assert!(s.loss_mask.count_ones() > 0, "{}", s.id);

@@ -214,7 +214,23 @@ impl Trial {
         let frozen = now();
         let paused = self.engine.pause(&id).await;
         self.record("freeze", frozen, if paused.is_ok() { "ok" } else { "error" });
-        paused?;
+        if let Err(e) = paused {
+            // A cgroup whose processes keep forking (a fork bomb) can fail to freeze ("unable
+            // to freeze"): kill it instead, and read the change from a snapshot where nothing runs.
+            if self.base_hash.is_none() {
+                return Err(e);
+            }
+            self.audit.push(AuditEvent {
+                kind: "outlived_agent".into(),
+                detail: format!(
+                    "the agent's container could not be frozen after the agent stage ({e}); killed before the \
+                     diff was read"
+                ),
+                generation: None,
+            });
+            let read = self.read_change_from_snapshot(&id).await?;
+            return self.finish_extract(read);
+        }
         self.audit_outside_writes(&id).await;
         let agents: Vec<_> = match self.engine.processes(&id).await {
             Ok(p) => p.into_iter().filter(|p| p.uid != Some(0)).collect(),
@@ -252,10 +268,18 @@ impl Trial {
         } else {
             None
         };
-        let (out, scan, hidden) = match in_place {
+        let read = match in_place {
             Some(r) => r,
             None => self.read_change_from_snapshot(&id).await?,
         };
+        self.finish_extract(read)
+    }
+
+    /// The diff of extraction's reads, and their audit events.
+    fn finish_extract(
+        &mut self,
+        (out, scan, hidden): (ExecOutput, ExecOutput, ExecOutput),
+    ) -> Result<String, SandboxError> {
         if !out.ok() {
             return Err(SandboxError::Stage {
                 stage: "extract",
