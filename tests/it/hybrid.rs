@@ -96,30 +96,7 @@ fn hybrid_packed_sequences_equal_separate_forwards() {
         .map(ids_of)
         .collect();
     let _g = tch::no_grad_guard();
-    let all: Vec<i64> = seqs.concat();
-    let (mut pos, mut seg) = (Vec::new(), Vec::new());
-    for (i, s) in seqs.iter().enumerate() {
-        pos.extend(0..s.len() as i64);
-        seg.extend(std::iter::repeat_n(i as i64, s.len()));
-    }
-    let seg = Tensor::from_slice(&seg);
-    let n = all.len() as i64;
-    let idx = Tensor::arange(n, (Kind::Int64, Device::Cpu));
-    let mask = seg
-        .unsqueeze(1)
-        .eq_tensor(&seg.unsqueeze(0))
-        .logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)));
-    let tokens = Tensor::from_slice(&all);
-    let positions = Tensor::from_slice(&pos);
-    let out = model.lm.forward(
-        &ForwardInput {
-            tokens: &tokens,
-            positions: &positions,
-            mask: lego_rl::model::AttnMask::Packed(&mask),
-            replay: None,
-        },
-        None,
-    );
+    let (out, _) = crate::model::packed_forward(&model, &seqs);
     let lsm = model.lm.logits(&out.hidden).log_softmax(-1, Kind::Float);
     let mut start = 0i64;
     for s in &seqs {
