@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use lego_rl::io::{open_records, AtomicWriter, ReadOptions};
-use lego_rl::records::{Generation, Packed, Record, Sampling, Termination, Trajectory};
+use lego_rl::records::{Generation, Packed, Trajectory};
 use rand::{Rng, SeedableRng};
 
 fn trajectory(i: u64, rng: &mut rand::rngs::StdRng) -> Trajectory {
@@ -32,25 +32,21 @@ fn trajectory(i: u64, rng: &mut rand::rngs::StdRng) -> Trajectory {
         })
         .collect();
     Trajectory {
-        schema: Trajectory::SCHEMA.into(),
-        id: Trajectory::make_id("task", i / 8, (i % 8) as u32),
         task_id: format!("task-{}", i / 8),
-        group_id: i / 8,
-        sample_index: (i % 8) as u32,
-        harness: "mini-swe-agent".into(),
-        backend: "embedded".into(),
-        policy_version: 0,
-        sampling: Sampling::default(),
-        generations,
-        termination: Termination::Finished,
-        infra_failure: false,
         reward: Some((i % 2) as f64),
-        grader: None,
-        stages: Default::default(),
-        audit: vec![],
-        diff: Some("diff --git a/x b/x\n".into()),
-        mode: None,
-        metadata: Default::default(),
+        diff: Some(
+            "diff --git a/x b/x
+"
+            .into(),
+        ),
+        ..Trajectory::new(
+            "task",
+            i / 8,
+            (i % 8) as u32,
+            "mini-swe-agent",
+            "embedded",
+            generations,
+        )
     }
 }
 

@@ -12,25 +12,9 @@ use crate::records::{Generation, Packed, Sample, Termination};
 
 fn trajectory(generations: Vec<Generation>) -> Trajectory {
     Trajectory {
-        schema: Trajectory::SCHEMA.into(),
-        id: "t/0/0".into(),
-        task_id: "t".into(),
-        group_id: 0,
-        sample_index: 0,
-        harness: "test".into(),
-        backend: "test".into(),
         policy_version: 3,
-        sampling: Default::default(),
-        generations,
-        termination: Termination::Finished,
-        infra_failure: false,
         reward: Some(1.0),
-        grader: None,
-        stages: Default::default(),
-        audit: Vec::new(),
-        diff: None,
-        mode: None,
-        metadata: Default::default(),
+        ..Trajectory::new("t", 0, 0, "test", "test", generations)
     }
 }
 

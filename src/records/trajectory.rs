@@ -8,7 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::Packed;
+use super::{Packed, Record};
 
 /// One line of build-images' manifest (`lego-rl/image/v1`).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -252,6 +252,40 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
+    /// A `finished`, ungraded trajectory of trial (task, group, sample) with these generations
+    /// and every other field empty: the starting point of records built by hand (tests, benches,
+    /// converters), which set what they need with struct update syntax.
+    pub fn new(
+        task_id: &str,
+        group_id: u64,
+        sample_index: u32,
+        harness: &str,
+        backend: &str,
+        generations: Vec<Generation>,
+    ) -> Self {
+        Trajectory {
+            schema: Trajectory::SCHEMA.into(),
+            id: Trajectory::make_id(task_id, group_id, sample_index),
+            task_id: task_id.into(),
+            group_id,
+            sample_index,
+            harness: harness.into(),
+            backend: backend.into(),
+            policy_version: 0,
+            sampling: Sampling::default(),
+            generations,
+            termination: Termination::Finished,
+            infra_failure: false,
+            reward: None,
+            grader: None,
+            stages: BTreeMap::new(),
+            audit: Vec::new(),
+            diff: None,
+            mode: None,
+            metadata: Map::new(),
+        }
+    }
+
     /// The canonical trajectory id for (task, group, sample).
     pub fn make_id(task_id: &str, group_id: u64, sample_index: u32) -> String {
         format!("{task_id}/{group_id}/{sample_index}")

@@ -23,62 +23,37 @@
 //!   new trajectories carry its policy version. A group that ends more than `max_staleness`
 //!   versions behind the newest checkpoint is discarded and run again with the newer policy.
 
+pub mod audit;
+mod backend;
 pub mod follow;
 pub mod forced;
+pub mod judge;
 pub mod plan;
+mod progress;
 pub mod trial;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 
+pub use backend::BackendSpec;
 pub use forced::Forced;
 pub use plan::{GroupPlan, Shard};
 
 use crate::chat::ChatFormat;
-use crate::engine::embedded::{EmbeddedBackend, EngineOptions};
-use crate::engine::sglang::SglangBackend;
-use crate::engine::vllm::VllmBackend;
-use crate::engine::{Backend, PrefixCacheStats};
+use crate::engine::PrefixCacheStats;
 use crate::harness::Harness;
+use backend::{load_chat, start_backend};
+use progress::Progress;
+
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::proxy::{Proxy, ProxyConfig};
 use crate::records::{ImageRecord, Sampling, Task, Trajectory};
 use crate::sandbox::Engine;
-
-/// `--backend`: where generations come from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BackendSpec {
-    /// The embedded tch engine on a Hugging Face checkpoint directory.
-    Embedded(PathBuf),
-    Vllm(String),
-    Sglang(String),
-}
-
-impl FromStr for BackendSpec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (kind, rest) = s
-            .split_once(':')
-            .ok_or_else(|| format!("`{s}`: expected embedded:CKPT_DIR, vllm:URL or sglang:URL"))?;
-        if rest.is_empty() {
-            return Err(format!("`{s}`: empty {kind} target"));
-        }
-        match kind {
-            "embedded" => Ok(BackendSpec::Embedded(PathBuf::from(rest))),
-            "vllm" => Ok(BackendSpec::Vllm(rest.to_string())),
-            "sglang" => Ok(BackendSpec::Sglang(rest.to_string())),
-            other => Err(format!(
-                "`{s}`: unknown backend `{other}` (expected embedded, vllm or sglang)"
-            )),
-        }
-    }
-}
 
 /// Everything a rollout run needs (the CLI fills it from its flags).
 #[derive(Debug, Clone)]
@@ -247,127 +222,6 @@ fn existing_keys(output: &Path) -> Result<BTreeSet<plan::Key>, RolloutError> {
         .into_iter()
         .map(|t| (t.task_id, t.group_id, t.sample_index))
         .collect())
-}
-
-async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backend>, PathBuf), RolloutError> {
-    let err = |backend: &str, msg: String| RolloutError::Backend {
-        backend: backend.into(),
-        msg,
-    };
-    Ok(match &cfg.backend {
-        BackendSpec::Embedded(dir) => {
-            let device = crate::model::parse_device(&cfg.device).ok_or_else(|| {
-                err(
-                    "embedded",
-                    format!("unknown device `{}` (cpu, cuda, cuda:N)", cfg.device),
-                )
-            })?;
-            let dir2 = dir.clone();
-            let opts = EngineOptions {
-                prefix_cache_bytes: cfg.prefix_cache_bytes,
-                ..EngineOptions::default()
-            };
-            let b = tokio::task::spawn_blocking(move || EmbeddedBackend::start_with(&dir2, device, opts))
-                .await
-                .map_err(|e| err("embedded", e.to_string()))?
-                .map_err(|e| err("embedded", e.to_string()))?;
-            (Arc::new(b), cfg.chat_model.clone().unwrap_or_else(|| dir.clone()))
-        }
-        BackendSpec::Vllm(url) => {
-            let chat = cfg
-                .chat_model
-                .clone()
-                .ok_or_else(|| RolloutError::Invalid("--backend vllm: needs --chat-model DIR".into()))?;
-            (Arc::new(VllmBackend::new(url)), chat)
-        }
-        BackendSpec::Sglang(url) => {
-            let chat = cfg
-                .chat_model
-                .clone()
-                .ok_or_else(|| RolloutError::Invalid("--backend sglang: needs --chat-model DIR".into()))?;
-            (Arc::new(SglangBackend::new(url, None)), chat)
-        }
-    })
-}
-
-fn load_chat(dir: &Path) -> Result<ChatFormat, RolloutError> {
-    ChatFormat::from_parts(
-        &dir.join("tokenizer.json"),
-        &dir.join("tokenizer_config.json"),
-        None,
-    )
-    .map_err(|e| RolloutError::Chat {
-        path: dir.to_path_buf(),
-        msg: format!("{e:#}"),
-    })
-}
-
-/// Progress: one spinner per running trial plus a totals bar; hidden unless enabled.
-struct Progress {
-    multi: MultiProgress,
-    total: ProgressBar,
-    enabled: bool,
-    done: u64,
-    infra: u64,
-    reward_sum: f64,
-    graded: u64,
-}
-
-impl Progress {
-    fn new(enabled: bool, trials: u64) -> Self {
-        let multi = MultiProgress::with_draw_target(if enabled {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        });
-        let total = multi.add(ProgressBar::new(trials));
-        total.set_style(
-            ProgressStyle::with_template("{spinner} trials [{bar:30}] {pos}/{len} {msg} (eta {eta})")
-                .expect("invariant: valid template")
-                .progress_chars("=> "),
-        );
-        Progress {
-            multi,
-            total,
-            enabled,
-            done: 0,
-            infra: 0,
-            reward_sum: 0.0,
-            graded: 0,
-        }
-    }
-
-    fn trial(&self, id: &str) -> ProgressBar {
-        if !self.enabled {
-            return ProgressBar::hidden();
-        }
-        let b = self.multi.add(ProgressBar::new_spinner());
-        b.set_style(
-            ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("invariant: valid template"),
-        );
-        b.set_message(id.to_string());
-        b.enable_steady_tick(Duration::from_millis(250));
-        b
-    }
-
-    fn finished(&mut self, t: &Trajectory) {
-        self.done += 1;
-        if t.infra_failure {
-            self.infra += 1;
-        }
-        if let Some(r) = t.reward {
-            self.reward_sum += r;
-            self.graded += 1;
-        }
-        self.total.inc(1);
-        let mean = if self.graded > 0 {
-            format!("{:.3}", self.reward_sum / self.graded as f64)
-        } else {
-            "-".into()
-        };
-        self.total
-            .set_message(format!("failed {} reward mean {mean}", self.infra));
-    }
 }
 
 struct GroupState {
@@ -661,24 +515,6 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backend_specs_parse() {
-        assert_eq!(
-            "embedded:run/ck".parse::<BackendSpec>().unwrap(),
-            BackendSpec::Embedded("run/ck".into())
-        );
-        assert_eq!(
-            "vllm:http://h:8000".parse::<BackendSpec>().unwrap(),
-            BackendSpec::Vllm("http://h:8000".into())
-        );
-        assert!("sglang:".parse::<BackendSpec>().is_err());
-        assert!("tgi:http://x"
-            .parse::<BackendSpec>()
-            .unwrap_err()
-            .contains("unknown backend"));
-        assert!("nothing".parse::<BackendSpec>().is_err());
-    }
 
     #[test]
     fn default_run_id_is_stable_per_output() {

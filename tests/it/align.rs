@@ -11,7 +11,7 @@ use lego_rl::chat::ChatFormat;
 use lego_rl::engine::embedded::EmbeddedBackend;
 use lego_rl::io::{read_all, AtomicWriter, ReadOptions};
 use lego_rl::proxy::{Proxy, ProxyConfig};
-use lego_rl::records::{AlignStats, Generation, Record, Sample, Termination, Trajectory};
+use lego_rl::records::{AlignStats, Generation, Sample, Trajectory};
 use lego_rl::train::{Settings, Trainer};
 use serde_json::Value;
 use tch::Device;
@@ -82,25 +82,9 @@ async fn capture(proxy: &Proxy, base: &str, trial_id: &str, api: &str) -> Vec<Ge
 
 fn trajectory(task: &str, sample: u32, generations: Vec<Generation>, reward: Option<f64>) -> Trajectory {
     Trajectory {
-        schema: Trajectory::SCHEMA.into(),
-        id: Trajectory::make_id(task, 0, sample),
-        task_id: task.into(),
-        group_id: 0,
-        sample_index: sample,
-        harness: "scripted".into(),
-        backend: "embedded".into(),
-        policy_version: 0,
-        sampling: Default::default(),
-        generations,
-        termination: Termination::Finished,
-        infra_failure: false,
         reward,
-        grader: None,
-        stages: Default::default(),
-        audit: Vec::new(),
-        diff: None,
         mode: Some("train".into()),
-        metadata: Default::default(),
+        ..Trajectory::new(task, 0, sample, "scripted", "embedded", generations)
     }
 }
 

@@ -14,7 +14,7 @@ use lego_rl::chat::{ChatFormat, Conversation, Role};
 use lego_rl::engine::embedded::EmbeddedBackend;
 use lego_rl::io::{read_all, AtomicWriter, ReadOptions};
 use lego_rl::proxy::{Proxy, ProxyConfig};
-use lego_rl::records::{AlignStats, Generation, Record, Termination, Trajectory, CHAT_MODEL};
+use lego_rl::records::{AlignStats, Generation, Trajectory, CHAT_MODEL};
 use serde_json::{json, Value};
 use tch::Device;
 
@@ -102,25 +102,10 @@ fn trajectory(id: &str, generations: Vec<Generation>, chat_model: Option<&Path>)
         metadata.insert(CHAT_MODEL.into(), json!(dir));
     }
     Trajectory {
-        schema: Trajectory::SCHEMA.into(),
-        id: Trajectory::make_id(id, 0, 0),
-        task_id: id.into(),
-        group_id: 0,
-        sample_index: 0,
-        harness: id.into(),
-        backend: "vllm:http://127.0.0.1:1".into(),
-        policy_version: 0,
-        sampling: Default::default(),
-        generations,
-        termination: Termination::Finished,
-        infra_failure: false,
         reward: Some(1.0),
-        grader: None,
-        stages: Default::default(),
-        audit: Vec::new(),
-        diff: None,
         mode: Some("train".into()),
         metadata,
+        ..Trajectory::new(id, 0, 0, id, "vllm:http://127.0.0.1:1", generations)
     }
 }
 

@@ -495,7 +495,7 @@ async fn anthropic_stop_sequences_answer_stop_sequence_and_cut_the_text() {
 async fn context_refusals_are_recorded_and_decide_the_termination_only_when_last() {
     use lego_rl::harness::Harness;
     use lego_rl::records::{Termination, CONTEXT_LIMIT};
-    use lego_rl::rollout::trial::classify;
+    use lego_rl::rollout::judge::classify;
 
     let mut c = cfg();
     c.max_context = Some(64);
