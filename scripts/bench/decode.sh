@@ -15,6 +15,9 @@
 # checkpoint: a trained policy's peaked distribution has a small nucleus (the learn benchmark's
 # warm start: runs/learn/checkpoints/step-000040), the random tiny model's nearly flat one the
 # largest there is.
+# The engine is timed twice in the same run: with its prefix cache (the default; after the warm-up
+# each run finds all of its prompt but the last token cached) and without (every run prefills the
+# whole prompt, as transformers' generate does); the ratio line is printed for both.
 # Then, in the same run, concurrent throughput of the engine alone: 1, 4 and 8 requests at once
 # (NEW_TOKENS each), with batched decode (one forward for all decoding sequences) and with the
 # decode batch capped at 1 (the former interleaving: one forward per sequence per step); prints
@@ -50,13 +53,15 @@ engine=$(target/release/examples/decode_bench "$ckpt" "$tmp/prompt.json" "$new" 
 hf=$("$py" scripts/bench/decode_reference.py "$ckpt" "$tmp/prompt.json" "$new" "$runs" "$threads" "$temp" "$top_p")
 echo "$engine" | grep -v '^engine_ids='
 echo "$hf" | grep -v '^hf_ids='
-eval "$(echo "$engine" | grep -E '^(engine_(tok_per_s|ids)|head_ms_per_token|concurrent_[a-z_]+)=')"
+eval "$(echo "$engine" | grep -E '^(engine_(tok_per_s|nocache_tok_per_s|nocache_equal_tokens|ids)|head_ms_per_token|concurrent_[a-z_]+)=')"
 eval "$(echo "$hf" | grep -E '^hf_(tok_per_s|ids)=')"
 same=$(awk -v a="$engine_ids" -v b="$hf_ids" 'BEGIN { n = split(a, x, ","); split(b, y, ","); for (i = 1; i <= n && x[i] == y[i]; i++); print i - 1 }')
 mode=greedy
 [ "$temp" = 0 ] || mode="sampled T=$temp top-p $top_p"
 awk -v e="$engine_tok_per_s" -v h="$hf_tok_per_s" -v n="$new" -v t="$threads" -v s="$same" -v p="$prompt_len" -v m="$mode" -v c="$(basename "$ckpt")" 'BEGIN {
   printf "decode %s CPU fp32 %s, %d prompt + %d new tokens, %d thread(s): engine %.0f tok/s, transformers generate %.0f tok/s, ratio %.2fx (goal >= 2x); tokens equal for the first %d of %d\n", c, m, p, n, t, e, h, e / h, s, n }'
+awk -v e="$engine_tok_per_s" -v o="$engine_nocache_tok_per_s" -v h="$hf_tok_per_s" -v q="$engine_nocache_equal_tokens" 'BEGIN {
+  printf "prefix cache, same run: engine with it %.0f tok/s, without %.0f tok/s, on/off %.2fx; without it vs transformers %.2fx; tokens equal with and without %s\n", e, o, e / o, o / h, q }'
 awk -v hm="$head_ms_per_token" -v h="$hf_tok_per_s" -v e="$engine_tok_per_s" 'BEGIN {
   hs = 1000 / h; es = 1000 / e
   printf "LM head matmul alone (the same work on both sides): %.2f ms/token = %.0f%% of the engine step (%.2f ms), %.0f%% of transformers'"'"' (%.2f ms); bound: an engine with every other op free would be %.2fx transformers here\n", hm, 100 * hm / es, es, 100 * hm / hs, hs, hs / hm }'

@@ -10,6 +10,11 @@
 //! Prints `key=value` lines, and the generated ids of the first run (`ids=1,2,…`) so the script
 //! can check that both sides decoded the same tokens.
 //!
+//! The same request is timed, in the same run, on the engine with its prefix cache (the default:
+//! after the warm-up, every run finds its prompt but the last token cached) and on one without
+//! (`engine_nocache_*`: every run prefills its whole prompt, like transformers does), with the
+//! generated ids of both checked equal.
+//!
 //! Then concurrent throughput: N = 1, 4, 8 requests at once (N rotations of the prompt, seeds
 //! 1..=N, NEW_TOKENS each), timed from sending them to the last answer (best of RUNS after a
 //! warm-up), against the engine with batched decode and against the same engine capped at one
@@ -52,26 +57,32 @@ async fn main() -> anyhow::Result<()> {
         return_routing: true,
         ..Default::default()
     };
-    let first = backend.generate(req.clone()).await?; // warm-up
-    anyhow::ensure!(first.output_ids.len() == new_tokens as usize, "short output");
-    let mut best = f64::INFINITY;
-    let mut total = 0.0;
-    for _ in 0..runs {
-        let t = Instant::now();
-        let out = backend.generate(req.clone()).await?;
-        let s = t.elapsed().as_secs_f64();
-        // Seeded: sampled runs repeat too.
-        anyhow::ensure!(out.output_ids == first.output_ids, "output changed between runs");
-        best = best.min(s);
-        total += s;
-    }
+    let nocache = EmbeddedBackend::start_with(
+        ckpt,
+        tch::Device::Cpu,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            ..EngineOptions::default()
+        },
+    )?;
     println!("prompt_tokens={}", prompt.len());
     println!("new_tokens={new_tokens}");
     println!("runs={runs}");
-    println!("engine_seconds_mean={:.4}", total / runs as f64);
-    println!("engine_tok_per_s={:.1}", new_tokens as f64 * runs as f64 / total);
-    println!("engine_tok_per_s_best={:.1}", new_tokens as f64 / best);
-    let ids: Vec<String> = first.output_ids.iter().map(u32::to_string).collect();
+    let first = timed(&backend, &req, runs, "engine").await?;
+    let uncached = timed(&nocache, &req, runs, "engine_nocache").await?;
+    let equal = first.iter().zip(&uncached).take_while(|(a, b)| a == b).count();
+    println!("engine_nocache_equal_tokens={equal}/{}", first.len());
+    // Greedy decoding must not change a token with the cache (sampling the random model's
+    // nearly flat distribution may, on ~1e-6 of summation-order noise: see below).
+    anyhow::ensure!(
+        temperature > 0.0 || first == uncached,
+        "greedy decoding with and without the prefix cache gave different tokens"
+    );
+    println!(
+        "engine_cached_prompt_tokens={}",
+        backend.counts().prefix_cache.prompt_tokens - backend.counts().prefix_cache.prefill_tokens
+    );
+    let ids: Vec<String> = first.iter().map(u32::to_string).collect();
     println!("engine_ids={}", ids.join(","));
 
     // The LM head alone: one `[1, hidden] x [hidden, vocab]` matmul per token, the same work on
@@ -123,6 +134,34 @@ async fn main() -> anyhow::Result<()> {
         backend.counts().largest_decode_batch
     );
     Ok(())
+}
+
+/// Times `req` on `backend` `runs` times after a warm-up and prints `{name}_seconds_mean`,
+/// `{name}_tok_per_s` and `{name}_tok_per_s_best`; returns the output ids.
+async fn timed(
+    backend: &EmbeddedBackend,
+    req: &GenerateRequest,
+    runs: usize,
+    name: &str,
+) -> anyhow::Result<Vec<u32>> {
+    let new_tokens = req.sampling.max_tokens.unwrap_or(0) as usize;
+    let first = backend.generate(req.clone()).await?; // warm-up
+    anyhow::ensure!(first.output_ids.len() == new_tokens, "short output");
+    let mut best = f64::INFINITY;
+    let mut total = 0.0;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let out = backend.generate(req.clone()).await?;
+        let s = t.elapsed().as_secs_f64();
+        // Seeded: sampled runs repeat too.
+        anyhow::ensure!(out.output_ids == first.output_ids, "output changed between runs");
+        best = best.min(s);
+        total += s;
+    }
+    println!("{name}_seconds_mean={:.4}", total / runs as f64);
+    println!("{name}_tok_per_s={:.1}", (new_tokens * runs) as f64 / total);
+    println!("{name}_tok_per_s_best={:.1}", new_tokens as f64 / best);
+    Ok(first.output_ids)
 }
 
 /// Output tokens per second of `reqs` sent all at once (best of `runs` after a warm-up), and

@@ -29,6 +29,7 @@
 //! prompt starting with a cached prefix (the next turn of a conversation, another sample of a
 //! group) prefills only the rest. Cached positions carry the routing they were computed with, so
 //! captures are those of an uncached engine; the cache is dropped when weights are reloaded.
+//! Hybrid models resume from snapshots of their recurrent states kept where entries end.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -92,7 +93,8 @@ pub struct EngineOptions {
     /// take several forwards per step. 1 is the engine before batched decode (one forward per
     /// sequence per step), which scripts/bench/decode.sh measures against.
     pub max_decode_batch: usize,
-    /// Budget of the prefix cache in bytes of KV and routing; 0 turns it off.
+    /// Budget of the prefix cache in bytes of KV, routing and recurrent-state snapshots; 0 turns
+    /// it off.
     pub prefix_cache_bytes: usize,
 }
 

@@ -21,15 +21,23 @@
 //! - **Invalidation**: the worker [`PrefixCache::clear`]s it when weights are reloaded: KV from
 //!   another policy version is never reused.
 //!
-//! Models whose per-sequence state cannot be cut at a position (the recurrent layers of hybrid
-//! models) return None from [`KvCache::slice`]; `insert` then stores nothing and says so, and the
-//! worker turns the cache off with a log line.
+//! **Hybrid models** (Qwen3.5, Qwen3-Next): a Gated DeltaNet layer's recurrent state cannot be
+//! cut at a position, so an edge also keeps a [`StateSnapshot`] of every linear-attention
+//! layer's conv and fp32 recurrent state *after its last position*, and a lookup resumes from
+//! the deepest fully matched edge that has one — never from a state that has absorbed tokens
+//! past the request's own. Every insert of a hybrid sequence snapshots its end, so edges end
+//! where the worker stops to insert: at the last prompt token but one (where the other samples
+//! of a group resume: the last token is always forwarded), at the end of a finished sequence
+//! (the next turn of the conversation), and where a prompt left a cached prefix (so the next
+//! request parting there resumes there: [`PrefixCache::matched`]). A split creates a head edge
+//! without a snapshot; its keys and values still serve the edges below it, and it is dropped
+//! with its last child. Snapshot bytes count in the budget; a leaf is always a resume point.
 
 use std::collections::HashMap;
 
 use tch::Tensor;
 
-use crate::model::{tensor_bytes, KvCache};
+use crate::model::{tensor_bytes, KvCache, StateSnapshot};
 
 /// The default budget of `--prefix-cache-bytes` (4 GiB).
 pub const DEFAULT_BYTES: usize = 4 << 30;
@@ -64,7 +72,8 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok((n * scale).round() as usize)
 }
 
-/// What a lookup found: the KV and routing of the first `len` positions of the request.
+/// What a lookup found: the KV (and, for hybrid models, the recurrent states) and routing of
+/// the first `len` positions of the request.
 pub struct Hit {
     pub len: usize,
     pub kv: KvCache,
@@ -75,7 +84,7 @@ pub struct Hit {
 /// Why an insert stored nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InsertError {
-    /// The model's per-sequence state cannot be cut at a position.
+    /// The sequence's cache holds no keys and values to store.
     Unsliceable,
 }
 
@@ -85,6 +94,8 @@ struct Node {
     /// `[kv_heads, tokens.len(), head_dim]` per layer (None for the root).
     kv: Option<KvCache>,
     routing: Option<Tensor>,
+    /// Recurrent states after the edge's last position (hybrid models; None on a split's head).
+    snapshot: Option<StateSnapshot>,
     /// First token of a child's edge → the child.
     children: HashMap<u32, usize>,
     parent: usize,
@@ -98,6 +109,7 @@ impl Node {
             tokens: Vec::new(),
             kv: None,
             routing: None,
+            snapshot: None,
             children: HashMap::new(),
             parent: 0,
             last_used: 0,
@@ -105,12 +117,20 @@ impl Node {
         }
     }
 
-    fn new(tokens: Vec<u32>, kv: KvCache, routing: Option<Tensor>, parent: usize, now: u64) -> Self {
-        let bytes = kv.bytes() + routing.as_ref().map_or(0, tensor_bytes);
+    fn new(
+        tokens: Vec<u32>,
+        (kv, routing, snapshot): (KvCache, Option<Tensor>, Option<StateSnapshot>),
+        parent: usize,
+        now: u64,
+    ) -> Self {
+        let bytes = kv.bytes()
+            + routing.as_ref().map_or(0, tensor_bytes)
+            + snapshot.as_ref().map_or(0, StateSnapshot::bytes);
         Node {
             tokens,
             kv: Some(kv),
             routing,
+            snapshot,
             children: HashMap::new(),
             parent,
             last_used: now,
@@ -128,6 +148,8 @@ pub struct PrefixCache {
     bytes: usize,
     clock: u64,
     evicted: u64,
+    /// The sequences hold recurrent states: a hit must end on an edge with a snapshot.
+    recurrent: bool,
 }
 
 /// Rows `start .. start + len` of a routing tensor, in storage of their own.
@@ -145,10 +167,11 @@ impl PrefixCache {
             bytes: 0,
             clock: 0,
             evicted: 0,
+            recurrent: false,
         }
     }
 
-    /// Bytes of KV and routing held now.
+    /// Bytes of KV, routing and state snapshots held now.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -166,6 +189,15 @@ impl PrefixCache {
     /// Cached positions (the tokens on all edges).
     pub fn tokens(&self) -> usize {
         self.nodes.iter().flatten().map(|n| n.tokens.len()).sum()
+    }
+
+    /// Recurrent-state snapshots held (hybrid models).
+    pub fn snapshots(&self) -> usize {
+        self.nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.snapshot.is_some())
+            .count()
     }
 
     fn node(&self, i: usize) -> &Node {
@@ -190,7 +222,8 @@ impl PrefixCache {
     }
 
     /// The KV and routing of the longest cached prefix of `ids`, at most `max_len` positions
-    /// (None when nothing matches). Every node on the path counts as used now.
+    /// (None when nothing matches); for hybrid models, the longest that ends on a snapshot, with
+    /// its recurrent states in the hit's cache. Every node on the path counts as used now.
     pub fn lookup(&mut self, ids: &[u32], max_len: usize) -> Option<Hit> {
         let ids = &ids[..max_len.min(ids.len())];
         let now = self.tick();
@@ -209,6 +242,15 @@ impl PrefixCache {
                 break;
             }
             at = child;
+        }
+        if self.recurrent {
+            // A recurrent state is known only after an edge's last position: resume from the
+            // deepest whole edge on the path that kept one.
+            let last = path
+                .iter()
+                .rposition(|&(i, m)| m == self.node(i).tokens.len() && self.node(i).snapshot.is_some())?;
+            path.truncate(last + 1);
+            p = path.iter().map(|&(_, m)| m).sum();
         }
         if p == 0 {
             return None;
@@ -232,7 +274,10 @@ impl PrefixCache {
             })
             .collect();
         parts.push(partial.as_ref().unwrap_or(last_kv));
-        let kv = KvCache::concat(&parts)?;
+        let mut kv = KvCache::concat(&parts)?;
+        if let (None, Some(s)) = (&partial, &last_node.snapshot) {
+            kv.restore(s);
+        }
         let routing_parts: Vec<Tensor> = path
             .iter()
             .filter_map(|&(i, m)| {
@@ -248,11 +293,30 @@ impl PrefixCache {
         Some(Hit { len: p, kv, routing })
     }
 
+    /// Length of the longest cached prefix of `ids` (at most `max_len`), whether or not a
+    /// lookup can resume there: a hybrid model's prefill stops there to leave a snapshot.
+    pub fn matched(&self, ids: &[u32], max_len: usize) -> usize {
+        let ids = &ids[..max_len.min(ids.len())];
+        let (mut at, mut p) = (0, 0);
+        while let Some(&child) = ids.get(p).and_then(|t| self.node(at).children.get(t)) {
+            let m = common(&self.node(child).tokens, &ids[p..]);
+            p += m;
+            if m < self.node(child).tokens.len() {
+                break;
+            }
+            at = child;
+        }
+        p
+    }
+
     /// Stores the KV (`kv.len() == ids.len()` positions) and routing (`[ids.len(), L, k]` rows,
     /// None for dense models) of the sequence `ids`; only the positions not cached yet are
-    /// copied. Then evicts least recently used leaves until the budget holds.
+    /// copied. A hybrid model's recurrent states (after all of `ids`) are kept as a snapshot at
+    /// the end of the sequence's edge. Then evicts least recently used leaves until the budget
+    /// holds.
     pub fn insert(&mut self, ids: &[u32], kv: &KvCache, routing: Option<&Tensor>) -> Result<(), InsertError> {
         debug_assert_eq!(kv.len() as usize, ids.len());
+        self.recurrent |= kv.has_recurrent_state();
         let now = self.tick();
         let (mut at, mut p) = (0, 0);
         while p < ids.len() {
@@ -271,7 +335,8 @@ impl PrefixCache {
         if p < ids.len() {
             let len = ids.len() - p;
             let part = kv.slice(p as i64, len as i64).ok_or(InsertError::Unsliceable)?;
-            let node = Node::new(ids[p..].to_vec(), part, routing.map(|r| rows(r, p, len)), at, now);
+            let parts = (part, routing.map(|r| rows(r, p, len)), kv.snapshot());
+            let node = Node::new(ids[p..].to_vec(), parts, at, now);
             if node.bytes > self.budget {
                 return Ok(());
             }
@@ -279,6 +344,15 @@ impl PrefixCache {
             let first = ids[p];
             let i = self.alloc(node);
             self.node_mut(at).children.insert(first, i);
+        } else if at != 0 && self.node(at).snapshot.is_none() {
+            // The sequence ends where a cached edge ends (e.g. where a split left a head
+            // without a state): resuming here saves the next request recomputing up to it.
+            if let Some(s) = kv.snapshot() {
+                self.bytes += s.bytes();
+                let node = self.node_mut(at);
+                node.bytes += s.bytes();
+                node.snapshot = Some(s);
+            }
         }
         self.evict();
         Ok(())
@@ -301,11 +375,22 @@ impl PrefixCache {
         };
         let last_used = node.last_used;
         let old = self.nodes[i].take().expect("invariant: a linked node is live");
-        let mut tail = Node::new(old.tokens[m..].to_vec(), tail_kv, tail_r, i, last_used);
+        // The tail ends where the old edge did: the snapshot stays with it.
+        let mut tail = Node::new(
+            old.tokens[m..].to_vec(),
+            (tail_kv, tail_r, old.snapshot),
+            i,
+            last_used,
+        );
         tail.children = old.children;
         let tail_first = tail.tokens[0];
         let grandchildren: Vec<usize> = tail.children.values().copied().collect();
-        let mut head = Node::new(old.tokens[..m].to_vec(), head_kv, head_r, old.parent, last_used);
+        let mut head = Node::new(
+            old.tokens[..m].to_vec(),
+            (head_kv, head_r, None),
+            old.parent,
+            last_used,
+        );
         self.bytes = self.bytes - old.bytes + head.bytes + tail.bytes;
         let t = self.alloc(tail);
         for g in grandchildren {
@@ -344,12 +429,29 @@ impl PrefixCache {
             else {
                 return;
             };
-            let node = self.nodes[leaf].take().expect("invariant: a linked node is live");
-            self.node_mut(node.parent).children.remove(&node.tokens[0]);
-            self.bytes -= node.bytes;
-            self.free.push(leaf);
-            self.evicted += 1;
+            let mut parent = self.remove(leaf);
+            // For hybrid models, a leaf without a snapshot (a split's head) is no resume point
+            // and serves no edge below it any more.
+            while self.recurrent && parent != 0 && self.useless(parent) {
+                parent = self.remove(parent);
+            }
         }
+    }
+
+    /// Whether node `i` is a leaf without a snapshot.
+    fn useless(&self, i: usize) -> bool {
+        let n = self.node(i);
+        n.children.is_empty() && n.snapshot.is_none()
+    }
+
+    /// Unlinks and frees leaf `i`; returns its parent.
+    fn remove(&mut self, i: usize) -> usize {
+        let node = self.nodes[i].take().expect("invariant: a linked node is live");
+        self.node_mut(node.parent).children.remove(&node.tokens[0]);
+        self.bytes -= node.bytes;
+        self.free.push(i);
+        self.evicted += 1;
+        node.parent
     }
 }
 
@@ -359,145 +461,5 @@ fn common(a: &[u32], b: &[u32]) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tch::{Device, Kind};
-
-    const LAYERS: usize = 2;
-
-    /// A cache whose key at (layer, position) is `position + 100·layer + 1000·id` and whose
-    /// routing row of a position is the token id: what a lookup returns is checked by value.
-    fn kv(ids: &[u32], tag: f64) -> (KvCache, Tensor) {
-        let n = ids.len() as i64;
-        let layers = (0..LAYERS)
-            .map(|l| {
-                let k = (Tensor::arange(n, (Kind::Float, Device::Cpu)) + (100 * l) as f64 + tag)
-                    .view([1, n, 1])
-                    .repeat([2, 1, 3]);
-                (k.shallow_clone(), -k)
-            })
-            .collect();
-        let routing = Tensor::from_slice(&ids.iter().map(|&t| i64::from(t)).collect::<Vec<_>>())
-            .view([n, 1, 1])
-            .repeat([1, 2, 2]);
-        (KvCache::from_layers(layers), routing)
-    }
-
-    fn insert(c: &mut PrefixCache, ids: &[u32], tag: f64) {
-        let (kv, r) = kv(ids, tag);
-        c.insert(ids, &kv, Some(&r)).unwrap();
-    }
-
-    /// The keys of layer 1 at every position of a hit, and its routing's first column.
-    fn values(hit: &Hit) -> (Vec<f32>, Vec<i64>) {
-        assert_eq!(hit.kv.len() as usize, hit.len);
-        let mut kv = hit.kv.slice(0, hit.kv.len()).unwrap();
-        let (k, _) = kv.slot(1).as_ref().unwrap();
-        let keys = Vec::<f32>::try_from(k.select(0, 0).select(1, 0)).unwrap();
-        let routing = Vec::<i64>::try_from(hit.routing.as_ref().unwrap().select(1, 0).select(1, 0)).unwrap();
-        (keys, routing)
-    }
-
-    #[test]
-    fn byte_counts_parse_with_and_without_units() {
-        assert_eq!(parse_bytes("0"), Ok(0));
-        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
-        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
-        assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
-        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
-        assert_eq!(parse_bytes("123"), Ok(123));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("4 parsecs").unwrap_err().contains("unknown unit"));
-    }
-
-    #[test]
-    fn the_longest_prefix_is_found_across_edges_and_inside_one() {
-        let mut c = PrefixCache::new(1 << 20);
-        let a: Vec<u32> = (0..10).collect();
-        insert(&mut c, &a, 0.0);
-        // Continues `a`: only positions 10.. are new (a child of `a`'s node).
-        let b: Vec<u32> = (0..16).collect();
-        insert(&mut c, &b, 1000.0);
-        assert_eq!(c.tokens(), 16);
-        let hit = c.lookup(&(0..20).collect::<Vec<_>>(), 100).unwrap();
-        assert_eq!(hit.len, 16);
-        let (keys, routing) = values(&hit);
-        // Positions 0..10 were stored by the first insert, 10..16 by the second.
-        let want: Vec<f32> = (0..16)
-            .map(|p| p as f32 + 100.0 + if p < 10 { 0.0 } else { 1000.0 })
-            .collect();
-        assert_eq!(keys, want);
-        assert_eq!(routing, (0..16).collect::<Vec<i64>>());
-        // Diverging inside the first edge, and capped by max_len.
-        let hit = c.lookup(&[0, 1, 2, 3, 99], 100).unwrap();
-        assert_eq!(hit.len, 4);
-        assert_eq!(values(&hit).0, vec![100.0, 101.0, 102.0, 103.0]);
-        assert_eq!(c.lookup(&b, 7).unwrap().len, 7);
-        assert!(c.lookup(&[5, 6], 100).is_none());
-    }
-
-    #[test]
-    fn a_diverging_insert_splits_the_edge_and_stores_the_shared_part_once() {
-        let mut c = PrefixCache::new(1 << 20);
-        let a: Vec<u32> = (0..12).collect();
-        insert(&mut c, &a, 0.0);
-        let bytes_a = c.bytes();
-        let mut b = a[..5].to_vec();
-        b.extend([50, 51, 52]);
-        insert(&mut c, &b, 2000.0);
-        // 12 + 3 positions, each stored once.
-        assert_eq!(c.tokens(), 15);
-        assert_eq!(c.bytes(), bytes_a / 12 * 15);
-        let hit = c.lookup(&b, 100).unwrap();
-        assert_eq!(hit.len, 8);
-        let (keys, routing) = values(&hit);
-        assert_eq!(keys[..5], [100.0, 101.0, 102.0, 103.0, 104.0]);
-        assert_eq!(keys[5..], [2105.0, 2106.0, 2107.0]);
-        assert_eq!(routing, vec![0, 1, 2, 3, 4, 50, 51, 52]);
-        // The old continuation survived the split.
-        let hit = c.lookup(&a, 100).unwrap();
-        assert_eq!(hit.len, 12);
-        assert_eq!(
-            values(&hit).0,
-            (0..12).map(|p| p as f32 + 100.0).collect::<Vec<_>>()
-        );
-    }
-
-    #[test]
-    fn least_recently_used_leaves_go_first_and_the_budget_holds() {
-        let per_token = {
-            let (kv, r) = kv(&[0], 0.0);
-            kv.bytes() + tensor_bytes(&r)
-        };
-        // Room for 20 positions.
-        let mut c = PrefixCache::new(per_token * 20);
-        let shared: Vec<u32> = (0..6).collect();
-        let branch = |x: u32| {
-            let mut v = shared.clone();
-            v.extend([x, x + 1, x + 2, x + 3]);
-            v
-        };
-        insert(&mut c, &branch(100), 0.0);
-        insert(&mut c, &branch(200), 0.0);
-        insert(&mut c, &branch(300), 0.0);
-        // 6 + 3 × 4 = 18 positions.
-        assert_eq!(c.tokens(), 18);
-        assert!(c.lookup(&branch(100), 100).is_some());
-        // 4 more positions: 22 > 20, so the least recently used leaf (200's) goes.
-        insert(&mut c, &branch(400), 0.0);
-        assert!(c.bytes() <= c.budget());
-        assert_eq!(c.evicted(), 1);
-        assert_eq!(c.lookup(&branch(200), 100).unwrap().len, 6);
-        for x in [100, 300, 400] {
-            assert_eq!(c.lookup(&branch(x), 100).unwrap().len, 10, "branch {x}");
-        }
-        // An entry larger than the whole budget is not stored (and evicts nothing).
-        let long: Vec<u32> = (1000..1030).collect();
-        insert(&mut c, &long, 0.0);
-        assert!(c.lookup(&long, 100).is_none());
-        assert_eq!(c.evicted(), 1);
-        c.clear();
-        assert_eq!((c.bytes(), c.tokens()), (0, 0));
-        assert!(c.lookup(&branch(100), 100).is_none());
-    }
-}
+#[path = "prefix_cache_tests.rs"]
+mod tests;

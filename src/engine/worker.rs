@@ -18,7 +18,7 @@ use super::sampling::{choose, Scratch};
 use super::{EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, SampledToken, TokenSink};
 use crate::chat::stop::StopStrings;
 use crate::chat::{ChatTokenizer, IncrementalDecoder};
-use crate::model::{ForwardInput, KvCache, Model};
+use crate::model::{ForwardInput, KvCache, LayerType, Model};
 
 /// One sequence being generated.
 struct Seq {
@@ -204,6 +204,11 @@ impl Seq {
 /// Forwards the prompt of a new sequence (a forward of its own) after its longest prefix found
 /// in the prefix cache, then picks its first token. At least the last prompt token is forwarded:
 /// its hidden state gives the first output token.
+///
+/// For a hybrid model with the cache on, the prompt is forwarded in pieces that end where a
+/// later request may resume, each stored with a snapshot of the recurrent states
+/// (see [`super::prefix_cache`]): up to where the prompt left the cached prefix (when that is
+/// past the snapshot it resumed from), then up to its last token but one, then that token.
 fn prefill(
     model: &Model,
     tokenizer: Option<&ChatTokenizer>,
@@ -212,11 +217,11 @@ fn prefill(
     cache: &mut Option<PrefixCache>,
     counters: &Counters,
 ) {
-    let device = model.device();
     let n = seq.req.prompt_ids.len();
+    let max_hit = n.saturating_sub(1);
     if let Some(hit) = cache
         .as_mut()
-        .and_then(|c| c.lookup(&seq.req.prompt_ids, n.saturating_sub(1)))
+        .and_then(|c| c.lookup(&seq.req.prompt_ids, max_hit))
     {
         seq.cached = hit.len;
         seq.cache = hit.kv;
@@ -232,29 +237,53 @@ fn prefill(
     counters
         .prefill_tokens
         .fetch_add((n - start) as u64, Ordering::SeqCst);
-    let ids: Vec<i64> = seq.req.prompt_ids[start..].iter().map(|&t| t as i64).collect();
+    let recurrent = model.lm.cfg.layer_types.contains(&LayerType::LinearAttention);
+    let mut stops = Vec::new();
+    if let (true, Some(c)) = (recurrent, cache.as_ref()) {
+        stops.push(c.matched(&seq.req.prompt_ids, max_hit));
+        stops.push(max_hit);
+    }
+    stops.retain(|&s| s > start);
+    stops.dedup();
+    let mut from = start;
+    for to in stops {
+        let _ = forward(model, seq, from, to);
+        store(cache, seq, counters);
+        from = to;
+    }
+    let hidden = forward(model, seq, from, n);
+    if !recurrent {
+        // The prompt, for the other samples of a group (often prefilled in this same step).
+        store(cache, seq, counters);
+    }
+    pick_next(
+        model,
+        tokenizer,
+        &mut [seq],
+        &hidden.narrow(0, (n - from) as i64 - 1, 1),
+        scratch,
+    );
+}
+
+/// Forwards prompt positions `from .. to` of `seq` over its cache (which holds the ones before),
+/// recording their routing; returns their hidden states.
+fn forward(model: &Model, seq: &mut Seq, from: usize, to: usize) -> Tensor {
+    let device = model.device();
+    let ids: Vec<i64> = seq.req.prompt_ids[from..to].iter().map(|&t| t as i64).collect();
     let tokens = Tensor::from_slice(&ids).to_device(device);
-    let positions = Tensor::arange_start(start as i64, n as i64, (Kind::Int64, device));
+    let positions = Tensor::arange_start(from as i64, to as i64, (Kind::Int64, device));
     let out = model
         .lm
         .forward(&ForwardInput::causal(&tokens, &positions), Some(&mut seq.cache));
     if let Some(r) = out.routing {
         seq.routing.push(r.to_device(Device::Cpu));
     }
-    // The prompt, for the other samples of a group (often prefilled in this same step).
-    store(cache, seq, counters);
-    pick_next(
-        model,
-        tokenizer,
-        &mut [seq],
-        &out.hidden.narrow(0, (n - start) as i64 - 1, 1),
-        scratch,
-    );
+    out.hidden
 }
 
 /// Inserts what `seq` has forwarded so far (its KV's positions: the prompt, then every output
-/// token but the last) into the prefix cache. A model whose state cannot be cut at a position
-/// turns the cache off, once, with a warning.
+/// token but the last; for a hybrid model with its recurrent states at the end) into the
+/// prefix cache. A cache that cannot be stored turns the cache off, once, with a warning.
 fn store(cache: &mut Option<PrefixCache>, seq: &mut Seq, counters: &Counters) {
     let Some(c) = cache.as_mut() else {
         return;
@@ -276,8 +305,8 @@ fn store(cache: &mut Option<PrefixCache>, seq: &mut Seq, counters: &Counters) {
     }
     if c.insert(&ids, &seq.cache, routing).is_err() {
         tracing::warn!(
-            "prefix cache off: this model's per-sequence state cannot be cut at a prefix \
-             (recurrent layers); every prompt is prefilled from its first token"
+            "prefix cache off: a sequence's cache holds no keys and values to store; every \
+             prompt is prefilled from its first token"
         );
         *cache = None;
         counters.cache_budget.store(0, Ordering::SeqCst);

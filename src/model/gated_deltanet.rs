@@ -25,7 +25,8 @@
 
 use tch::{nn, Kind, Tensor};
 
-use super::layers::{linear, weight, LinearState};
+use super::cache::LinearState;
+use super::layers::{linear, weight};
 use super::Config;
 
 /// Positions per chunk of the chunked form (transformers' and FLA's default).

@@ -11,6 +11,7 @@
 //! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally;
 //!   [`CausalLm::decode_batch`] decodes one token of several sequences (own caches) in one forward.
 
+mod cache;
 mod checkpoint;
 mod config;
 mod gated_deltanet;
@@ -21,10 +22,11 @@ mod qwen3;
 
 use std::path::PathBuf;
 
+pub use cache::{tensor_bytes, KvCache, LinearState, StateSnapshot};
 pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
 pub use config::{Config, LayerType, SUPPORTED_MODEL_TYPES};
 pub use head::{DEFAULT_LOGPROB_CHUNK, ENTROPY_SAMPLE};
-pub use layers::{tensor_bytes, AttnMask, KvCache, LinearState};
+pub use layers::AttnMask;
 pub use moe::MoeRouting;
 pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput, Mixer};
 

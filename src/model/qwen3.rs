@@ -14,9 +14,10 @@
 
 use tch::{nn, Kind, Tensor};
 
+use super::cache::KvCache;
 use super::config::LayerType;
 use super::gated_deltanet::GatedDeltaNet;
-use super::layers::{Attention, AttnMask, KvCache, Mlp, RmsNorm, Rope, INIT_STD};
+use super::layers::{Attention, AttnMask, Mlp, RmsNorm, Rope, INIT_STD};
 use super::moe::{MoeRouting, SparseMoe};
 use super::Config;
 

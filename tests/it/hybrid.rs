@@ -110,7 +110,8 @@ fn hybrid_packed_sequences_equal_separate_forwards() {
     }
 }
 
-fn pearson(a: &[f64], b: &[f64]) -> f64 {
+/// Pearson correlation of two equally long series.
+pub fn pearson(a: &[f64], b: &[f64]) -> f64 {
     let n = a.len() as f64;
     let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
     let cov: f64 = a.iter().zip(b).map(|(x, y)| (x - ma) * (y - mb)).sum();
