@@ -13,6 +13,7 @@ use crate::dist::{launch::run_local, Backend, ProcessGroup};
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::model::{parse_device, parse_kind, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
+use crate::train::plan::{self, parse_size, Plan, PlanSpec};
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};
 
 /// Update the policy with GSPO on aligned samples, replaying rollout routing.
@@ -34,6 +35,10 @@ use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings
 ///
 ///   # 8 GPUs of one machine; or under Slurm: srun --ntasks-per-node 8 --gpus-per-task 1 lego-rl train-step ...
 ///   lego-rl train-step --nproc-per-node 8 --device cuda --checkpoint ... -i ... --out ...
+///
+///   # Memory per rank before anything runs (config.json only; exit 1 when it does not fit):
+///   lego-rl train-step --plan --checkpoint Qwen3-30B-A3B/config.json --world-size 8 \
+///       --expert-parallel 8 --activation-checkpointing --device-memory 141GB
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
@@ -41,12 +46,12 @@ pub struct TrainStepArgs {
     /// Samples (zstd JSONL).
     #[arg(short, long, default_value = "-")]
     pub input: PathBuf,
-    /// Checkpoint to start from (Hugging Face layout).
+    /// Checkpoint to start from (Hugging Face layout); for --plan, its config.json is enough.
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Directory of the new checkpoint (must not exist, or be empty).
-    #[arg(long)]
-    pub out: PathBuf,
+    #[arg(long, required_unless_present = "plan")]
+    pub out: Option<PathBuf>,
     /// Step-metrics file to append one record to.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
@@ -147,6 +152,32 @@ pub struct TrainStepArgs {
     /// Size of one gradient bucket (one all-reduce or reduce-scatter), in MiB of fp32.
     #[arg(long, value_name = "MIB", default_value_t = 25, help_heading = "Distributed")]
     pub bucket_mb: u64,
+    /// Expert parallelism: each of E ranks holds num_experts/E experts of every MoE layer (E
+    /// divides the world size and the expert count).
+    #[arg(long, value_name = "E", default_value_t = 1, help_heading = "Distributed")]
+    pub expert_parallel: usize,
+    /// Print this step's memory per rank (weights, gradients, optimizer state, activations) and
+    /// exit, without compute, weights or a device (--checkpoint may be a config.json): exit 0
+    /// when it fits --device-memory (or that is not given), 1 when not.
+    #[arg(long, help_heading = "Memory plan")]
+    pub plan: bool,
+    /// Memory of one device (141GiB, 80GB, ...): the plan's fit; without --plan, a step that
+    /// would not fit stops before loading weights, with the plan in the error.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Memory plan")]
+    pub device_memory: Option<u64>,
+    /// Ranks the plan is for; default: WORLD_SIZE, else SLURM_NTASKS, else --nproc-per-node, else 1.
+    #[arg(long, value_name = "N", help_heading = "Memory plan")]
+    pub world_size: Option<usize>,
+    /// How --plan prints.
+    #[arg(long, value_enum, default_value = "table", help_heading = "Memory plan")]
+    pub format: PlanFormat,
+}
+
+/// `--format` of `--plan`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanFormat {
+    Table,
+    Json,
 }
 
 /// `--replay`.
@@ -158,6 +189,10 @@ pub enum Replay {
 
 /// Runs `train-step`.
 pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    if args.plan {
+        return print_plan(&args);
+    }
+    let out = args.out.clone().context("--out is required")?;
     let mut device = parse_device(&args.device)
         .with_context(|| format!("--device {}: expected cpu, cuda or cuda:N", args.device))?;
     if let Some(n) = args.nproc_per_node.filter(|_| std::env::var_os("RANK").is_none()) {
@@ -201,7 +236,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         max_grad_norm: args.max_grad_norm,
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,
-        freeze: args.freeze,
+        freeze: args.freeze.clone(),
         zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
         bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
         replay: args.replay == Replay::On,
@@ -215,10 +250,21 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             ..AdamWConfig::default()
         },
     };
-    check_out(&args.out)?;
+    check_out(&out)?;
     // A family the model code does not implement is refused before any sample is read.
-    crate::model::Config::from_file(&args.checkpoint.join("config.json"))
+    let cfg = crate::model::Config::from_file(&args.checkpoint.join("config.json"))
         .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
+    if let Some(mem) = args.device_memory {
+        let plan = memory_plan(&args, &cfg, pg.world_size(), Some(mem))?;
+        if plan.fits == Some(false) {
+            anyhow::bail!(
+                "this step does not fit in --device-memory ({} bytes per device); nothing was loaded. \
+                 The plan (lego-rl train-step --plan):\n{}",
+                mem,
+                plan.table()
+            );
+        }
+    }
     tch::manual_seed(args.seed);
     let samples: Vec<Sample> = read_all(
         &args.input,
@@ -230,7 +276,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
     let mut trainer = Trainer::load(&args.checkpoint, device, kind)
         .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
     let metrics = trainer.step_on(&samples, &args.input, &settings, &pg)?;
-    trainer.save_atomic_on(&args.out, &pg)?;
+    trainer.save_atomic_on(&out, &pg)?;
     if pg.rank() != 0 {
         return Ok(Outcome::Ok);
     }
@@ -273,4 +319,57 @@ fn launch(n: usize) -> anyhow::Result<Outcome> {
         (_, Some((rank, how))) => anyhow::bail!("train-step on {n} ranks failed: rank {rank} {how}"),
         (_, None) => anyhow::bail!("train-step on {n} ranks was interrupted"),
     }
+}
+
+/// The memory plan of this command line for `world` ranks (`--zero` defaulting as the step does).
+fn memory_plan(
+    args: &TrainStepArgs,
+    cfg: &crate::model::Config,
+    world: usize,
+    device_memory: Option<u64>,
+) -> anyhow::Result<Plan> {
+    let dtype = match args.dtype.as_deref().or(cfg.dtype.as_deref()) {
+        Some(d) => parse_kind(d).with_context(|| format!("dtype {d}: expected float32 or bfloat16"))?,
+        None => tch::Kind::Float,
+    };
+    let spec = PlanSpec {
+        world_size: world,
+        expert_parallel: args.expert_parallel,
+        zero: args.zero.map_or(world > 1, |z| z == 1),
+        dtype,
+        micro_batch_tokens: args.micro_batch_tokens.max(1) as u64,
+        activation_checkpointing: args.activation_checkpointing,
+        logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk as u64),
+        bucket_elems: args.bucket_mb.max(1) * 1024 * 1024 / 4,
+        device_memory,
+    };
+    Ok(plan::plan(cfg, &spec)?)
+}
+
+/// `--plan`: prints the plan of `--checkpoint`'s config.json; exit 1 when it does not fit.
+fn print_plan(args: &TrainStepArgs) -> anyhow::Result<Outcome> {
+    let path = if args.checkpoint.is_file() {
+        args.checkpoint.clone()
+    } else {
+        args.checkpoint.join("config.json")
+    };
+    let cfg = crate::model::Config::from_file(&path)?;
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    let world = args
+        .world_size
+        .or_else(|| env("WORLD_SIZE"))
+        .or_else(|| env("SLURM_NTASKS"))
+        .or(args.nproc_per_node)
+        .unwrap_or(1);
+    let plan = memory_plan(args, &cfg, world, args.device_memory)?;
+    let text = match args.format {
+        PlanFormat::Table => plan.table(),
+        PlanFormat::Json => serde_json::to_string_pretty(&plan)? + "\n",
+    };
+    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes())?;
+    Ok(if plan.fits == Some(false) {
+        Outcome::Failures
+    } else {
+        Outcome::Ok
+    })
 }

@@ -10,6 +10,8 @@
 //!   `[positions, vocab]` logits for the backward.
 //! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally;
 //!   [`CausalLm::decode_batch`] decodes one token of several sequences (own caches) in one forward.
+//! - [`shapes`]: every parameter's name, shape and role for a config, without building the model
+//!   (memory plans, parameter counts).
 
 mod cache;
 mod checkpoint;
@@ -19,12 +21,14 @@ mod head;
 mod layers;
 mod moe;
 mod qwen3;
+pub mod shapes;
 
 use std::path::PathBuf;
 
 pub use cache::{tensor_bytes, KvCache, LinearState, StateSnapshot};
 pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
 pub use config::{Config, LayerType, SUPPORTED_MODEL_TYPES};
+pub use gated_deltanet::CHUNK as DELTA_CHUNK;
 pub use head::{DEFAULT_LOGPROB_CHUNK, ENTROPY_SAMPLE};
 pub use layers::AttnMask;
 pub use moe::MoeRouting;

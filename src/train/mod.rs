@@ -7,11 +7,13 @@
 //! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
 //! - [`shard`], [`zero`]: the same step on many ranks (data parallel; ZeRO-1 optimizer state).
+//! - [`plan`]: the memory one rank needs for a step, from `config.json` alone (`--plan`).
 
 pub mod batch;
 pub mod gspo;
 mod metrics;
 pub mod optim;
+pub mod plan;
 mod save;
 pub mod shard;
 pub mod trainer;

@@ -21,7 +21,7 @@ use crate::train::{read_metrics, sample, write_samples, CLI_OPTS};
 
 /// A generated tiny hybrid checkpoint (`tiny-qwen3.5-moe` or `tiny-qwen3-next`), made once by
 /// scripts/make_tiny_models.py with transformers.
-fn tiny(name: &str) -> PathBuf {
+pub fn tiny(name: &str) -> PathBuf {
     static LOCK: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
     let _g = LOCK
         .get_or_init(Default::default)

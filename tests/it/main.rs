@@ -17,6 +17,7 @@ mod io;
 mod learn_scripts;
 mod model;
 mod pipeline;
+mod plan;
 mod prefix_cache;
 mod proxy;
 mod proxy_sdk;
