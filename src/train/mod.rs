@@ -7,8 +7,10 @@
 //! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
 //! - [`shard`], [`zero`]: the same step on many ranks (data parallel; ZeRO-1 optimizer state).
+//! - [`expert`]: expert parallelism (each rank holds some experts of every MoE layer).
 
 pub mod batch;
+pub mod expert;
 pub mod gspo;
 mod metrics;
 pub mod optim;
