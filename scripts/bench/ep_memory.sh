@@ -4,20 +4,20 @@
 # expert_weight_bytes / expert_gradient_bytes / expert_optimizer_state_bytes), one process
 # (EP=1) vs 2 ranks with --expert-parallel 2, same samples, same run, and the ratios (goal:
 # <= 0.55x at EP=2). Also the whole optimizer state and gradients per rank, for scale.
-# Usage: scripts/bench/ep_memory.sh [N_SEQS] [LEN]   (default 4 sequences of 256 tokens)
+# Usage: scripts/bench/ep_memory.sh [N_SEQS] [LEN]   (default 8 sequences of 256 tokens, 2 groups)
 # CKPT=DIR picks an MoE checkpoint (default: the tiny Qwen3-MoE, 8 experts).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 py=${LEGO_RL_PYTHON:-$root/.venv/bin/python}
-n=${1:-4}
+n=${1:-8}
 len=${2:-256}
 "$py" scripts/make_tiny_models.py testdata/models/generated/tiny-qwen3-moe
 ckpt=${CKPT:-testdata/models/generated/tiny-qwen3-moe}
 [ -x target/release/lego-rl ] || cargo build --release --quiet
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$py" scripts/bench/train_reference.py make-samples "$ckpt" "$work/samples.jsonl" "$n" "$len" $((len / 2)) 0 2>/dev/null
+"$py" scripts/bench/train_reference.py make-samples "$ckpt" "$work/samples.jsonl" "$n" "$len" $((len / 2)) 1 2>/dev/null
 run() {
   local tag=$1; shift
   OMP_NUM_THREADS=1 target/release/lego-rl -q train-step --checkpoint "$ckpt" -i "$work/samples.jsonl" \

@@ -107,9 +107,9 @@ impl ExpertComm {
             .group
             .all_to_all(&out, &input, "MoE expert dispatch: token counts")
         {
-            Ok(()) => Some(
-                Vec::<i64>::try_from(&out.to_device(tch::Device::Cpu)).expect("invariant: 1-d int64"),
-            ),
+            Ok(()) => {
+                Some(Vec::<i64>::try_from(&out.to_device(tch::Device::Cpu)).expect("invariant: 1-d int64"))
+            }
             Err(e) => {
                 self.record(e);
                 None

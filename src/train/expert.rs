@@ -105,18 +105,31 @@ impl Trainer {
         self.expert_error().map_or(Ok(()), Err)
     }
 
-    /// After this rank ran `mine` micro-batches: idle passes until it took part in as many as
-    /// the busiest rank of its expert-parallel group (`grad`: forward and backward).
-    pub(super) fn expert_catch_up(&self, mine: usize, grad: bool, s: &Settings) -> Result<(), TrainError> {
+    /// How many micro-batches the busiest rank of this rank's expert-parallel group has
+    /// (`mine` without expert parallelism). Agreed on before any of them runs: a rank that has
+    /// fewer then runs idle passes until it took part in as many exchanges
+    /// ([`Trainer::expert_catch_up`]).
+    pub(super) fn expert_rounds(&self, mine: usize) -> Result<usize, TrainError> {
         let Some(ep) = &self.expert else {
-            return Ok(());
+            return Ok(mine);
         };
         let t = Tensor::from_slice(&[mine as f64]);
         ep.comm
             .group
             .all_reduce(&t, ReduceOp::Max, "micro-batches per rank")?;
-        let most = t.double_value(&[0]) as usize;
-        for _ in mine..most {
+        Ok(t.double_value(&[0]) as usize)
+    }
+
+    /// After this rank ran `mine` of the group's `rounds` micro-batches: the idle passes that
+    /// make up the difference (`grad`: forward and backward).
+    pub(super) fn expert_catch_up(
+        &self,
+        mine: usize,
+        rounds: usize,
+        grad: bool,
+        s: &Settings,
+    ) -> Result<(), TrainError> {
+        for _ in mine..rounds {
             self.expert_idle(grad, s)?;
         }
         Ok(())

@@ -277,7 +277,7 @@ impl Trainer {
         let mut entropy = (0.0, 0.0);
         let mut overlap = (0, 0);
         let mbs = micro_batches(&batch.seqs, idx, budget);
-        let n_mbs = mbs.len();
+        let (n_mbs, rounds) = (mbs.len(), self.expert_rounds(mbs.len())?);
         for mb in mbs {
             let out = self.forward(batch, &mb, extras, s);
             self.check_expert()?;
@@ -296,7 +296,7 @@ impl Trainer {
                 o += n;
             }
         }
-        self.expert_catch_up(n_mbs, false, s)?;
+        self.expert_catch_up(n_mbs, rounds, false, s)?;
         Ok((per_seq, entropy, overlap))
     }
 
@@ -418,7 +418,7 @@ impl Trainer {
                 p.zero_grad();
             }
             let mbs = micro_batches(&batch.seqs, &my_idx, budget);
-            let n_mbs = mbs.len();
+            let (n_mbs, rounds) = (mbs.len(), self.expert_rounds(mbs.len())?);
             for mb in mbs {
                 let mut coef = Vec::new();
                 for &i in &mb {
@@ -452,7 +452,7 @@ impl Trainer {
                 let _lp = done.map_err(|e| self.torch_or_expert(e))?;
                 self.check_expert()?;
             }
-            self.expert_catch_up(n_mbs, true, s)?;
+            self.expert_catch_up(n_mbs, rounds, true, s)?;
             let (norm, lr) = self.sync_and_update(&params, s, pg)?;
             grad_norms.push(norm);
             lr_used = Some(lr);

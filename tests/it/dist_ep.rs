@@ -374,7 +374,11 @@ fn two_rank_expert_parallel_steps_equal_one_process_and_save_sharded_checkpoints
         // that received tokens (none of rank 0's in the forced case).
         let ex = |m: &StepMetrics, key: &str| m.extra[key].as_u64().unwrap() as f64;
         assert_eq!(ex(&m2, "expert_parallel"), 2.0);
-        assert_eq!(ex(&m2, "expert_weight_bytes") / ex(&m1, "expert_weight_bytes"), 0.5, "{tag}");
+        assert_eq!(
+            ex(&m2, "expert_weight_bytes") / ex(&m1, "expert_weight_bytes"),
+            0.5,
+            "{tag}"
+        );
         for key in ["expert_gradient_bytes", "expert_optimizer_state_bytes"] {
             let ratio = ex(&m2, key) / ex(&m1, key);
             eprintln!("{tag}: {key} EP=2 / EP=1 = {ratio}");
