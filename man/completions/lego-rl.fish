@@ -176,6 +176,10 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l dist-time
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l dist-backend -d 'c10d backend; default: nccl with --device cuda, else gloo' -r -f -a "gloo\t'CPU tensors (and the only one tested in CI)'
 nccl\t'CUDA tensors, one GPU per rank (needs the `nccl` cargo feature)'"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l bucket-mb -d 'Size of one gradient bucket (one all-reduce or reduce-scatter), in MiB of fp32' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l expert-parallel -d 'Expert parallelism: split every MoE layer\'s experts over groups of E consecutive ranks' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l expert-layout -d 'How the saved checkpoint stores the routed experts: keep (as the input checkpoint), per-expert (`experts.N.gate_proj.weight`, ...) or fused (`experts.gate_up_proj` [E, 2·I, hidden] and `experts.down_proj` [E, hidden, I], as transformers ≥ 5 and Qwen3.5 store them). Converting writes sharded safetensors with an index' -r -f -a "keep\t'As the source checkpoint stored them'
+per-expert\t'`experts.N.{gate,up,down}_proj.weight`, one set per expert'
+fused\t'`experts.gate_up_proj` `[E, 2·I, hidden]` and `experts.down_proj` `[E, hidden, I]`'"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l activation-checkpointing -d 'Recompute each layer\'s activations in the backward pass (per-layer activation checkpointing): activation memory of one layer instead of all, for one more forward pass'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s q -l quiet -d 'Only errors on stderr'

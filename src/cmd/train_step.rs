@@ -11,7 +11,7 @@ use super::Outcome;
 use crate::cli::GlobalArgs;
 use crate::dist::{launch::run_local, Backend, ProcessGroup};
 use crate::io::{read_all, AppendWriter, ReadOptions};
-use crate::model::{parse_device, parse_kind, DEFAULT_LOGPROB_CHUNK};
+use crate::model::{parse_device, parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
 use crate::train::plan::{self, parse_size, Plan, PlanSpec};
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};
@@ -152,10 +152,24 @@ pub struct TrainStepArgs {
     /// Size of one gradient bucket (one all-reduce or reduce-scatter), in MiB of fp32.
     #[arg(long, value_name = "MIB", default_value_t = 25, help_heading = "Distributed")]
     pub bucket_mb: u64,
-    /// Expert parallelism: each of E ranks holds num_experts/E experts of every MoE layer (E
-    /// divides the world size and the expert count).
+    /// Expert parallelism: split every MoE layer's experts over groups of E consecutive ranks.
+    ///
+    /// Each rank holds num_experts/E experts (E must divide the world size and num_experts);
+    /// tokens go to the ranks holding their (replayed or routed) experts by all_to_all and come
+    /// back weighted by gates from their own rank's router, so the update equals one process's.
+    /// Expert gradients are summed over the ranks holding the same experts (ranks r, r+E, ...);
+    /// everything else stays data parallel. The checkpoint is written as sharded safetensors,
+    /// each expert once. Not combined with --zero 1 (the default becomes 0).
+    ///
+    ///   lego-rl train-step --nproc-per-node 8 --expert-parallel 8 --device cuda --checkpoint ...
     #[arg(long, value_name = "E", default_value_t = 1, help_heading = "Distributed")]
     pub expert_parallel: usize,
+    /// How the saved checkpoint stores the routed experts: keep (as the input checkpoint),
+    /// per-expert (`experts.N.gate_proj.weight`, ...) or fused (`experts.gate_up_proj`
+    /// [E, 2·I, hidden] and `experts.down_proj` [E, hidden, I], as transformers ≥ 5 and
+    /// Qwen3.5 store them). Converting writes sharded safetensors with an index.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub expert_layout: ExpertLayout,
     /// Print this step's memory per rank (weights, gradients, optimizer state, activations) and
     /// exit, without compute, weights or a device (--checkpoint may be a config.json): exit 0
     /// when it fits --device-memory (or that is not given), 1 when not.
@@ -237,7 +251,9 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,
         freeze: args.freeze.clone(),
-        zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
+        zero: args
+            .zero
+            .map_or(pg.world_size() > 1 && args.expert_parallel <= 1, |z| z == 1),
         bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
         replay: args.replay == Replay::On,
         optim: AdamWConfig {
@@ -250,6 +266,14 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             ..AdamWConfig::default()
         },
     };
+    anyhow::ensure!(args.expert_parallel >= 1, "--expert-parallel 0: need at least 1");
+    if args.expert_parallel > 1 && settings.zero {
+        anyhow::bail!(
+            "--zero 1 with --expert-parallel {}: not supported (ZeRO-1 buckets span the whole world, \
+             expert parameters differ between ranks); use --zero 0",
+            args.expert_parallel
+        );
+    }
     check_out(&out)?;
     // A family the model code does not implement is refused before any sample is read.
     let cfg = crate::model::Config::from_file(&args.checkpoint.join("config.json"))
@@ -273,8 +297,14 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             ..ReadOptions::default()
         },
     )?;
-    let mut trainer = Trainer::load(&args.checkpoint, device, kind)
-        .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
+    let mut trainer = if args.expert_parallel > 1 {
+        let groups = pg.expert_groups(args.expert_parallel)?;
+        Trainer::load_expert_parallel(&args.checkpoint, device, kind, groups)
+    } else {
+        Trainer::load(&args.checkpoint, device, kind)
+    }
+    .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
+    trainer.expert_layout = args.expert_layout;
     let metrics = trainer.step_on(&samples, &args.input, &settings, &pg)?;
     trainer.save_atomic_on(&out, &pg)?;
     if pg.rank() != 0 {
@@ -335,7 +365,7 @@ fn memory_plan(
     let spec = PlanSpec {
         world_size: world,
         expert_parallel: args.expert_parallel,
-        zero: args.zero.map_or(world > 1, |z| z == 1),
+        zero: args.zero.map_or(world > 1 && args.expert_parallel <= 1, |z| z == 1),
         dtype,
         micro_batch_tokens: args.micro_batch_tokens.max(1) as u64,
         activation_checkpointing: args.activation_checkpointing,

@@ -55,4 +55,31 @@ extern "C" {
         err: *mut *mut c_char,
     ) -> c_int;
     pub fn lr_dist_barrier(g: *mut c_void, timeout_ms: i64, err: *mut *mut c_char) -> c_int;
+    pub fn lr_dist_subgroup(
+        parent: *mut c_void,
+        tag: *const c_char,
+        index: c_int,
+        n: c_int,
+        err: *mut *mut c_char,
+    ) -> *mut c_void;
+    pub fn lr_dist_all_to_all_v(
+        g: *mut c_void,
+        out: *mut c_void,
+        input: *mut c_void,
+        out_splits: *const i64,
+        in_splits: *const i64,
+        n: i64,
+        timeout_ms: i64,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    pub fn lr_dist_all_to_all_autograd(
+        g: *mut c_void,
+        input: *mut c_void,
+        out_splits: *const i64,
+        in_splits: *const i64,
+        n: i64,
+        timeout_ms: i64,
+        err: *mut *mut c_char,
+    ) -> *mut c_void;
+    pub fn lr_dist_poisoned(g: *mut c_void) -> *mut c_char;
 }

@@ -7,6 +7,11 @@
 //! and MTP head, an `mtp.*` added to any checkpoint) is kept as its raw bytes and written back
 //! unchanged, in the shard it came from. Every var is written in the dtype it had on disk, so
 //! an untouched tensor saves byte-identical.
+//!
+//! Weight files are memory-mapped: a rank of an expert-parallel group ([`Model::load_shard`])
+//! reads only the tensors it holds (its experts' per-expert tensors, its slice of fused ones, and
+//! the rest), never whole files. Saving under expert parallelism or into another expert layout
+//! is in [`super::sharded`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -15,7 +20,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tch::{nn, Device, Kind, Tensor};
 
-use super::{CausalLm, Config, ModelError};
+use super::{CausalLm, Config, ExpertShard, ModelError};
 
 /// Non-weight files copied from the source checkpoint into a saved one (when present).
 pub const AUX_FILES: &[&str] = &[
@@ -31,7 +36,7 @@ pub const AUX_FILES: &[&str] = &[
     "chat_template.json",
 ];
 
-const INDEX: &str = "model.safetensors.index.json";
+pub(super) const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
 
 /// A model with its variables and where it came from.
@@ -46,18 +51,18 @@ pub struct Model {
     /// tensor name → shard file, when the source was sharded.
     shard_map: Option<BTreeMap<String, String>>,
     /// Tensors of the source the model does not use, written back as they were.
-    carried: Vec<Carried>,
+    pub(super) carried: Vec<Carried>,
     /// Var name → its dtype on disk (vars not listed are written in `file_kind`).
-    var_kinds: HashMap<String, Kind>,
+    pub(super) var_kinds: HashMap<String, Kind>,
 }
 
 /// A checkpoint tensor the model does not use, carried through to a saved checkpoint.
 #[derive(Debug)]
-struct Carried {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
+pub(super) struct Carried {
+    pub(super) name: String,
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) data: Vec<u8>,
 }
 
 /// Parses `cpu`, `cuda`, `cuda:N`.
@@ -89,7 +94,7 @@ fn to_kind(d: Dtype) -> Option<Kind> {
     }
 }
 
-fn to_dtype(k: Kind) -> Dtype {
+pub(super) fn to_dtype(k: Kind) -> Dtype {
     match k {
         Kind::BFloat16 => Dtype::BF16,
         Kind::Half => Dtype::F16,
@@ -119,7 +124,28 @@ impl Model {
 
     /// Loads a checkpoint directory. `kind` overrides the compute dtype (default: the file's).
     pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, ModelError> {
+        Self::load_shard(dir, device, kind, ExpertShard::default())
+    }
+
+    /// [`Model::load`] holding only `shard`'s experts of every MoE layer (expert parallelism):
+    /// the other experts' tensors are not read (nor carried).
+    pub fn load_shard(
+        dir: &Path,
+        device: Device,
+        kind: Option<Kind>,
+        shard: ExpertShard,
+    ) -> Result<Self, ModelError> {
         let mut cfg = Config::from_file(&dir.join("config.json"))?;
+        if !shard.is_whole() && (cfg.num_experts == 0 || cfg.num_experts % shard.size as i64 != 0) {
+            return Err(ModelError::Config {
+                path: dir.join("config.json"),
+                msg: format!(
+                    "--expert-parallel {}: must divide num_experts ({})",
+                    shard.size, cfg.num_experts
+                ),
+            });
+        }
+        cfg.expert_shard = shard;
         let (files, shard_map) = weight_files(dir)?;
         let names = match &shard_map {
             Some(map) => map.keys().cloned().collect(),
@@ -135,16 +161,24 @@ impl Model {
         let mut var_kinds = HashMap::new();
         for file in &files {
             let path = dir.join(file);
-            let bytes = std::fs::read(&path).map_err(|source| ModelError::Read {
+            let read_err = |source| ModelError::Read {
                 path: path.clone(),
                 source,
-            })?;
+            };
+            let f = std::fs::File::open(&path).map_err(read_err)?;
+            // SAFETY: the file is only read; a checkpoint rewritten while it loads is outside
+            // what any loader can guard against (transformers and vLLM mmap the same way).
+            let bytes = unsafe { memmap2::Mmap::map(&f) }.map_err(read_err)?;
             let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
                 path: path.clone(),
                 msg: e.to_string(),
             })?;
             for (name, view) in st.tensors() {
                 let Some(var) = vars.get(&name) else {
+                    if !shard.is_whole() && name.contains(".mlp.experts.") {
+                        // Another rank's expert: not read, not carried (that rank writes it).
+                        continue;
+                    }
                     tracing::debug!(
                         "{}: carrying tensor `{name}` the model does not use through unchanged",
                         path.display()
@@ -164,7 +198,18 @@ impl Model {
                 })?;
                 file_kind.get_or_insert(k);
                 var_kinds.insert(name.clone(), k);
-                let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+                let mut shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+                let mut data = view.data();
+                if !shard.is_whole()
+                    && name.contains(".mlp.experts.")
+                    && shape.first() == Some(&cfg.num_experts)
+                {
+                    // A fused `[experts, …]` tensor: this rank's rows only (contiguous bytes).
+                    let rows = shard.range(cfg.num_experts);
+                    let row_bytes = data.len() / cfg.num_experts as usize;
+                    data = &data[rows.start as usize * row_bytes..rows.end as usize * row_bytes];
+                    shape[0] = rows.end - rows.start;
+                }
                 if shape != var.size() {
                     return Err(ModelError::Shape {
                         path,
@@ -173,7 +218,7 @@ impl Model {
                         want: var.size(),
                     });
                 }
-                let t = Tensor::f_from_data_size(view.data(), &shape, k)?;
+                let t = Tensor::f_from_data_size(data, &shape, k)?;
                 tch::no_grad(|| var.shallow_clone().f_copy_(&t.to_kind(var.kind())))?;
                 seen.insert(name, ());
             }
@@ -266,6 +311,11 @@ impl Model {
             let text = serde_json::to_string_pretty(&index).expect("invariant: JSON value serializes");
             std::fs::write(&path, text + "\n").map_err(|source| ModelError::Write { path, source })?;
         }
+        self.copy_aux(dir)
+    }
+
+    /// Copies [`AUX_FILES`] from the source directory into `dir`.
+    pub(super) fn copy_aux(&self, dir: &Path) -> Result<(), ModelError> {
         if let Some(src) = &self.source {
             for name in AUX_FILES {
                 let from = src.join(name);
@@ -311,11 +361,11 @@ fn weight_files(dir: &Path) -> Result<WeightFiles, ModelError> {
 }
 
 /// One tensor to write: its name, dtype, shape and little-endian bytes.
-struct Entry<'a> {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: std::borrow::Cow<'a, [u8]>,
+pub(super) struct Entry<'a> {
+    pub(super) name: String,
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) data: std::borrow::Cow<'a, [u8]>,
 }
 
 /// The tensor names in a safetensors file's header (without reading the data).
@@ -348,7 +398,7 @@ fn tensor_names(path: &Path) -> Result<Vec<String>, ModelError> {
         .collect())
 }
 
-fn write_safetensors(path: &Path, entries: &[Entry]) -> Result<(), ModelError> {
+pub(super) fn write_safetensors(path: &Path, entries: &[Entry]) -> Result<(), ModelError> {
     let views = entries
         .iter()
         .map(|e| {

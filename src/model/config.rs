@@ -102,6 +102,9 @@ pub struct Config {
     /// `config.json` key: the loader sets it from the checkpoint's tensor names, so a checkpoint
     /// is saved in the layout it came in.
     pub fused_experts: bool,
+    /// Which experts of every MoE layer this process holds (expert parallelism; not a
+    /// `config.json` key). Default: all of them.
+    pub expert_shard: super::ExpertShard,
 }
 
 /// The raw file: every key optional so that absence is reported by name, not by serde.
@@ -312,6 +315,7 @@ impl Config {
             text_prefix: if wrapped { "model.language_model" } else { "model" }.into(),
             fused_linear_proj: family == "qwen3_next",
             fused_experts: false,
+            expert_shard: Default::default(),
             model_type: family,
         };
         if cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0 {
@@ -403,6 +407,7 @@ impl Config {
             text_prefix: "model".into(),
             fused_linear_proj: false,
             fused_experts: false,
+            expert_shard: Default::default(),
         }
     }
 

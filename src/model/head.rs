@@ -125,11 +125,11 @@ impl CausalLm {
         next: &Tensor,
         coef: &Tensor,
         chunk: Option<usize>,
-    ) -> Tensor {
+    ) -> Result<Tensor, tch::TchError> {
         let Some(chunk) = chunk.map(|c| c.max(1) as i64) else {
             let (lp, _) = self.next_token_logprobs(hidden, at, next, false);
-            (&lp * coef).sum(Kind::Float).backward();
-            return lp.detach();
+            (&lp * coef).sum(Kind::Float).f_backward()?;
+            return Ok(lp.detach());
         };
         let n = at.size()[0];
         let w = self.head_weight();
@@ -177,13 +177,15 @@ impl CausalLm {
             });
         }
         if let Some(s) = surrogate {
-            s.backward();
+            // Fallible: under expert parallelism the backward runs collectives (a dead peer
+            // is an error of this call, not a panic).
+            s.f_backward()?;
         }
-        if lps.is_empty() {
+        Ok(if lps.is_empty() {
             Tensor::zeros([0], (Kind::Float, hidden.device()))
         } else {
             Tensor::cat(&lps, 0)
-        }
+        })
     }
 }
 

@@ -16,12 +16,14 @@
 mod cache;
 mod checkpoint;
 mod config;
+pub mod expert_parallel;
 mod gated_deltanet;
 mod head;
 mod layers;
 mod moe;
 mod qwen3;
 pub mod shapes;
+mod sharded;
 
 use std::path::PathBuf;
 
@@ -29,10 +31,12 @@ pub use cache::{tensor_bytes, KvCache, LinearState, StateSnapshot};
 pub use checkpoint::{parse_device, parse_kind, Model, AUX_FILES};
 pub use config::{Config, LayerType, SUPPORTED_MODEL_TYPES};
 pub use gated_deltanet::CHUNK as DELTA_CHUNK;
+pub use expert_parallel::{ExpertComm, ExpertShard};
 pub use head::{DEFAULT_LOGPROB_CHUNK, ENTROPY_SAMPLE};
 pub use layers::AttnMask;
 pub use moe::MoeRouting;
 pub use qwen3::{CausalLm, FeedForward, ForwardInput, ForwardOutput, Mixer};
+pub use sharded::{shard_file, ExpertLayout};
 
 /// Errors of loading, saving and configuring a model; each names the file and tensor involved.
 #[derive(Debug, thiserror::Error)]

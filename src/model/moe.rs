@@ -17,9 +17,16 @@
 //! (`experts.E.gate_proj.weight`, ...) or fused as transformers ≥ 5 keeps them
 //! (`experts.gate_up_proj` `[E, 2·I, hidden]`, `experts.down_proj` `[E, hidden, I]`); the vars
 //! follow the checkpoint, so it is saved in the layout it came in.
+//!
+//! Under expert parallelism ([`super::expert_parallel`]) a layer holds only its rank's slice of
+//! the experts (`experts.E.*` for its E; fused tensors of `[E_local, …]`), and the grouped
+//! dispatch exchanges rows with the other ranks of its group instead of running every expert.
+
+use std::sync::Arc;
 
 use tch::{nn, Kind, Tensor};
 
+use super::expert_parallel::{rows_per_rank, ExpertComm, ExpertShard, Regroup};
 use super::layers::{linear, weight, Mlp};
 use super::Config;
 
@@ -53,7 +60,7 @@ impl Experts {
         }
     }
 
-    /// Expert `e`'s SwiGLU on `[N, hidden]`.
+    /// Local expert `e`'s SwiGLU on `[N, hidden]`.
     fn forward(&self, e: usize, x: &Tensor) -> Tensor {
         match self {
             Experts::PerExpert(v) => v[e].forward(x),
@@ -71,7 +78,13 @@ impl Experts {
 #[derive(Debug)]
 pub struct SparseMoe {
     gate: Tensor,
+    /// This rank's experts (all of them unless `shard` says otherwise).
     experts: Experts,
+    /// Experts of the layer over all ranks (the router's width).
+    n_experts: i64,
+    shard: ExpertShard,
+    /// The expert-parallel group, once attached ([`SparseMoe::attach`]).
+    comm: Option<Arc<ExpertComm>>,
     /// `shared_expert` and `shared_expert_gate.weight` (`[1, hidden]`).
     shared: Option<(Mlp, Tensor)>,
     top_k: i64,
@@ -85,14 +98,21 @@ impl SparseMoe {
     pub fn new(p: &nn::Path, cfg: &Config) -> Self {
         let ep = p / "experts";
         let (h, inter, n) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts);
+        let shard = cfg.expert_shard;
+        let local = shard.per_rank(n);
         let experts = if cfg.fused_experts {
             Experts::Fused {
-                gate_up: ep.randn("gate_up_proj", &[n, 2 * inter, h], 0.0, super::layers::INIT_STD),
-                down: ep.randn("down_proj", &[n, h, inter], 0.0, super::layers::INIT_STD),
+                gate_up: ep.randn(
+                    "gate_up_proj",
+                    &[local, 2 * inter, h],
+                    0.0,
+                    super::layers::INIT_STD,
+                ),
+                down: ep.randn("down_proj", &[local, h, inter], 0.0, super::layers::INIT_STD),
                 inter,
             }
         } else {
-            Experts::PerExpert((0..n).map(|e| Mlp::new(&(&ep / e), h, inter)).collect())
+            Experts::PerExpert(shard.range(n).map(|e| Mlp::new(&(&ep / e), h, inter)).collect())
         };
         let shared = (cfg.shared_expert_intermediate_size > 0).then(|| {
             (
@@ -103,6 +123,9 @@ impl SparseMoe {
         SparseMoe {
             gate: weight(&(p / "gate"), n, h),
             experts,
+            n_experts: n,
+            shard,
+            comm: None,
             shared,
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
@@ -126,13 +149,76 @@ impl SparseMoe {
             gates = &gates / gates.sum_dim_intlist(-1, true, Kind::Float);
         }
         let gates = gates.to_kind(x.kind());
-        let out = self.dispatch(x, &used, &gates);
+        let out = match &self.comm {
+            Some(comm) if !self.shard.is_whole() => self.dispatch_ep(comm, x, &used, &gates),
+            _ => self.dispatch(x, &used, &gates),
+        };
         // transformers: experts + sigmoid(shared_expert_gate(x)) · shared_expert(x).
         let out = match &self.shared {
             Some((mlp, gate)) => out + linear(x, gate).sigmoid() * mlp.forward(x),
             None => out,
         };
         (out, MoeRouting { used, own })
+    }
+
+    /// Makes the layer exchange tokens with the other ranks of `comm`'s group (its shard says
+    /// which experts each holds).
+    pub fn attach(&mut self, comm: Arc<ExpertComm>) {
+        self.comm = Some(comm);
+    }
+
+    /// This rank's part in one layer's exchanges without tokens of its own (another rank of its
+    /// group still has a micro-batch): it computes its experts for the others. `x`: `[0, hidden]`.
+    pub fn idle(&self, x: &Tensor) -> Tensor {
+        match &self.comm {
+            Some(comm) if !self.shard.is_whole() => {
+                let ids = Tensor::zeros([0, self.top_k], (Kind::Int64, x.device()));
+                let gates = Tensor::zeros([0, self.top_k], (x.kind(), x.device()));
+                self.dispatch_ep(comm, x, &ids, &gates)
+            }
+            _ => x.shallow_clone(),
+        }
+    }
+
+    /// [`SparseMoe::dispatch`] over the ranks of an expert-parallel group (see
+    /// [`super::expert_parallel`] for the steps). Every rank calls it the same number of times.
+    fn dispatch_ep(&self, comm: &ExpertComm, x: &Tensor, ids: &Tensor, gates: &Tensor) -> Tensor {
+        let per = self.shard.per_rank(self.n_experts) as usize;
+        let flat = ids.reshape([-1]);
+        let order = flat.argsort(0, false);
+        let counts = Vec::<i64>::try_from(flat.bincount(None::<Tensor>, self.n_experts))
+            .expect("invariant: bincount is a 1-d int64 tensor");
+        let send = rows_per_rank(&counts, per);
+        let Some(recv) = comm.counts(&counts, per, x.device()) else {
+            return x.zeros_like();
+        };
+        let regroup = Regroup::new(&recv, per);
+        let token_of = order.floor_divide_scalar(self.top_k);
+        let rows = x.index_select(0, &token_of);
+        let got = comm.exchange(&rows, &regroup.per_source, &send, "MoE dispatch: token rows");
+        let dev = x.device();
+        let grouped = got.index_select(0, &Tensor::from_slice(&regroup.order).to_device(dev));
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        for (j, &n) in regroup.per_expert.iter().enumerate() {
+            if n > 0 {
+                pieces.push(self.experts.forward(j, &grouped.narrow(0, start, n)));
+                start += n;
+            }
+        }
+        // With no rows the result still hangs off `got`, so this rank's backward takes part in
+        // the reverse exchange of the dispatch too.
+        let y = if pieces.is_empty() {
+            &got * 0.0
+        } else {
+            Tensor::cat(&pieces, 0).index_select(0, &Tensor::from_slice(&regroup.inverse).to_device(dev))
+        };
+        let back = comm.exchange(&y, &send, &regroup.per_source, "MoE combine: expert outputs");
+        let gate_sorted = gates.reshape([-1]).index_select(0, &order);
+        // One index_add in sorted order adds each token's k products in ascending expert id,
+        // as the one-rank dispatch's per-expert index_adds do.
+        x.zeros_like()
+            .index_add(0, &token_of, &(back * gate_sorted.unsqueeze(-1)))
     }
 
     /// Grouped expert computation: `Σ_k gate[t,k] · expert_{ids[t,k]}(x[t])`.

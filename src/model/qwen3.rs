@@ -327,7 +327,11 @@ impl CausalLm {
     /// so at most one layer's activations are alive. Parameter gradients accumulate exactly as
     /// with `forward(..).hidden` + the same head (same arithmetic, recomputed; MoE layers
     /// recompute with the same replayed routing, so the expert choice cannot differ).
-    pub fn backward_checkpointed<R>(&self, input: &ForwardInput, head: impl FnOnce(&Tensor) -> R) -> R {
+    pub fn backward_checkpointed<R>(
+        &self,
+        input: &ForwardInput,
+        head: impl FnOnce(&Tensor) -> Result<R, tch::TchError>,
+    ) -> Result<R, tch::TchError> {
         let ctx = self.ctx(input.tokens, input.positions, &input.mask);
         let (inputs, last) = {
             let _g = tch::no_grad_guard();
@@ -343,7 +347,7 @@ impl CausalLm {
             (inputs, x)
         };
         let leaf = last.detach().set_requires_grad(true);
-        let value = head(&self.norm.forward(&leaf));
+        let value = head(&self.norm.forward(&leaf))?;
         let mut grad = leaf.grad();
         let mut moe = self.moe_layers();
         for (layer, x) in self.layers.iter().zip(inputs).rev() {
@@ -356,12 +360,69 @@ impl CausalLm {
             };
             let x = x.set_requires_grad(true);
             let (y, _) = layer.forward(&x, &ctx, None, replay.as_ref());
-            (y * &grad).sum(Kind::Float).backward();
+            (y * &grad).sum(Kind::Float).f_backward()?;
             grad = x.grad();
         }
         let emb = Tensor::embedding(&self.embed_tokens, input.tokens, -1, false, false);
-        (emb * grad).sum(Kind::Float).backward();
-        value
+        (emb * grad).sum(Kind::Float).f_backward()?;
+        Ok(value)
+    }
+
+    /// Makes every MoE layer exchange tokens with the other ranks of `comm`'s group
+    /// (expert parallelism; the model must have been built with its [`Config::expert_shard`]).
+    pub fn attach_expert_comm(&mut self, comm: std::sync::Arc<super::ExpertComm>) {
+        for l in &mut self.layers {
+            if let FeedForward::Moe(m) = &mut l.mlp {
+                m.attach(comm.clone());
+            }
+        }
+    }
+
+    /// This rank's part in the expert exchanges of one forward (and, with `grad`, its backward;
+    /// `checkpointed`: in the order of [`Self::backward_checkpointed`]) of a micro-batch it does
+    /// not have: another rank of its expert-parallel group is computing one, and this rank holds
+    /// experts its tokens need. No tokens of its own go anywhere.
+    pub fn expert_idle_pass(&self, grad: bool, checkpointed: bool) -> Result<(), tch::TchError> {
+        let moe: Vec<&SparseMoe> = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mlp {
+                FeedForward::Moe(m) => Some(m),
+                FeedForward::Dense(_) => None,
+            })
+            .collect();
+        let empty = || {
+            Tensor::zeros(
+                [0, self.cfg.hidden_size],
+                (self.embed_tokens.kind(), self.embed_tokens.device()),
+            )
+        };
+        if !grad || checkpointed {
+            // Forward without a graph (π_old, or the checkpointed backward's first pass).
+            let _g = tch::no_grad_guard();
+            let mut x = empty();
+            for m in &moe {
+                x = m.idle(&x);
+            }
+        }
+        if !grad {
+            return Ok(());
+        }
+        if checkpointed {
+            // Each layer recomputed and back-propagated alone, last first.
+            for m in moe.iter().rev() {
+                let x = empty().set_requires_grad(true);
+                m.idle(&x).sum(Kind::Float).f_backward()?;
+            }
+            return Ok(());
+        }
+        // One graph through every layer, so the backward visits them last first.
+        let x0 = empty().set_requires_grad(true);
+        let mut x = x0.shallow_clone();
+        for m in &moe {
+            x = m.idle(&x);
+        }
+        x.sum(Kind::Float).f_backward()
     }
 
     fn replay_slice(&self, layer: &DecoderLayer, input: &ForwardInput, moe: &mut usize) -> Option<Tensor> {

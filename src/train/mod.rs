@@ -8,8 +8,10 @@
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
 //! - [`shard`], [`zero`]: the same step on many ranks (data parallel; ZeRO-1 optimizer state).
 //! - [`plan`]: the memory one rank needs for a step, from `config.json` alone (`--plan`).
+//! - [`expert`]: expert parallelism (each rank holds some experts of every MoE layer).
 
 pub mod batch;
+pub mod expert;
 pub mod gspo;
 mod metrics;
 pub mod optim;

@@ -186,6 +186,16 @@ impl AdamW {
             .sum()
     }
 
+    /// Bytes of the moments of the parameters `pick` selects.
+    pub fn state_bytes_where(&self, pick: impl Fn(&str) -> bool) -> u64 {
+        self.exp_avg
+            .iter()
+            .chain(&self.exp_avg_sq)
+            .filter(|(n, _)| pick(n))
+            .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
+
     /// Drops the moments (after ZeRO took its chunks of them).
     pub(crate) fn clear_moments(&mut self) {
         self.exp_avg.clear();
@@ -194,19 +204,75 @@ impl AdamW {
 
     /// Writes the state into checkpoint directory `dir`.
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
-        let mut tensors: Vec<(String, Tensor)> = Vec::new();
-        for (name, t) in &self.exp_avg {
-            tensors.push((format!("exp_avg.{name}"), t.to_device(tch::Device::Cpu)));
-        }
-        for (name, t) in &self.exp_avg_sq {
-            tensors.push((format!("exp_avg_sq.{name}"), t.to_device(tch::Device::Cpu)));
-        }
-        let path = dir.join(STATE_FILE);
-        Tensor::write_safetensors(&tensors, &path).map_err(|e| TrainError::OptimizerState {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
+        self.write_moments(&dir.join(STATE_FILE), |_| true)?;
         self.save_counter(dir)
+    }
+
+    /// The moments of the parameters `pick` selects, written to `path`.
+    fn write_moments(&self, path: &Path, pick: impl Fn(&str) -> bool) -> Result<(), TrainError> {
+        let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        for (prefix, map) in [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)] {
+            for (name, t) in map.iter().filter(|(n, _)| pick(n)) {
+                tensors.push((format!("{prefix}.{name}"), t.to_device(tch::Device::Cpu)));
+            }
+        }
+        Tensor::write_safetensors(&tensors, path).map_err(|e| TrainError::OptimizerState {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })
+    }
+
+    /// Expert parallelism: the moments of the parameters `split` selects into `file` (this
+    /// rank's), and with `lead` the others into `optimizer.safetensors` plus the step counter.
+    pub fn save_filtered(
+        &self,
+        dir: &Path,
+        file: &Path,
+        lead: bool,
+        split: impl Fn(&str) -> bool,
+    ) -> Result<(), TrainError> {
+        self.write_moments(file, &split)?;
+        if lead {
+            self.write_moments(&dir.join(STATE_FILE), |n| !split(n))?;
+            self.save_counter(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps, for each parameter with moments, what `keep` returns for each of its moments
+    /// (`None` drops the parameter's moments).
+    pub(crate) fn retain_moments(&mut self, keep: impl Fn(&str, &Tensor) -> Option<Tensor>) {
+        for map in [&mut self.exp_avg, &mut self.exp_avg_sq] {
+            let old = std::mem::take(map);
+            for (name, t) in old {
+                if let Some(t) = keep(&name, &t) {
+                    map.insert(name, t);
+                }
+            }
+        }
+    }
+
+    /// Adds the moments saved in `path` (another file of the same state).
+    pub(crate) fn load_more(&mut self, path: &Path, device: tch::Device) -> Result<(), TrainError> {
+        self.read_moments(path, device)
+    }
+
+    fn read_moments(&mut self, path: &Path, device: tch::Device) -> Result<(), TrainError> {
+        let bad = |msg: String| TrainError::OptimizerState {
+            path: path.to_path_buf(),
+            msg,
+        };
+        for (name, t) in Tensor::read_safetensors(path).map_err(|e| bad(e.to_string()))? {
+            let t = t.to_device(device);
+            if let Some(p) = name.strip_prefix("exp_avg_sq.") {
+                self.exp_avg_sq.insert(p.to_string(), t);
+            } else if let Some(p) = name.strip_prefix("exp_avg.") {
+                self.exp_avg.insert(p.to_string(), t);
+            } else {
+                return Err(bad(format!("unexpected tensor `{name}`")));
+            }
+        }
+        Ok(())
     }
 
     /// Reads the state saved in `dir`; a checkpoint without one (e.g. a base model) starts fresh.
@@ -230,16 +296,7 @@ impl AdamW {
             // Moments sharded by --zero 1: the trainer loads this rank's chunks.
             return Ok(opt);
         }
-        for (name, t) in Tensor::read_safetensors(&path).map_err(|e| bad(&path, e.to_string()))? {
-            let t = t.to_device(device);
-            if let Some(p) = name.strip_prefix("exp_avg_sq.") {
-                opt.exp_avg_sq.insert(p.to_string(), t);
-            } else if let Some(p) = name.strip_prefix("exp_avg.") {
-                opt.exp_avg.insert(p.to_string(), t);
-            } else {
-                return Err(bad(&path, format!("unexpected tensor `{name}`")));
-            }
-        }
+        opt.read_moments(&path, device)?;
         Ok(opt)
     }
 }

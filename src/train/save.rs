@@ -15,7 +15,15 @@ use crate::model::Model;
 impl Trainer {
     /// Loads a checkpoint and, when present, its optimizer state and `lego-rl.json`.
     pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, TrainError> {
-        let model = Model::load(dir, device, kind)?;
+        let mut t = Self::load_model(Model::load(dir, device, kind)?, dir, device)?;
+        // Expert moments saved under expert parallelism only resume at that size.
+        super::expert::load_expert_moments(&mut t.opt, dir, device, 0, 1)?;
+        Ok(t)
+    }
+
+    /// A trainer around `model` (loaded from `dir`) with the optimizer state and `lego-rl.json`
+    /// found there.
+    pub(super) fn load_model(model: Model, dir: &Path, device: Device) -> Result<Self, TrainError> {
         let opt = AdamW::load(dir, device)?;
         let info_path = dir.join(INFO_FILE);
         let info = if info_path.is_file() {
@@ -44,12 +52,21 @@ impl Trainer {
     /// Writes the checkpoint, optimizer state and `lego-rl.json` into existing directory `dir`
     /// (under ZeRO: the step counter only; see [`Trainer::save_atomic_on`]).
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
-        self.model.save(dir)?;
+        if self.model.needs_sharded_save(self.expert_layout) {
+            self.model
+                .save_sharded(dir, &ProcessGroup::single(), self.expert_layout)?;
+        } else {
+            self.model.save(dir)?;
+        }
         if self.zero.is_some() {
             self.opt.save_counter(dir)?;
         } else {
             self.opt.save(dir)?;
         }
+        self.save_info(dir)
+    }
+
+    fn save_info(&self, dir: &Path) -> Result<(), TrainError> {
         let path = dir.join(INFO_FILE);
         let text = serde_json::to_string_pretty(&self.info).expect("invariant: info serializes");
         std::fs::write(&path, text + "\n").map_err(|e| TrainError::Output {
@@ -64,7 +81,8 @@ impl Trainer {
     }
 
     /// Every rank calls this. The checkpoint is written into a staging directory beside `out`
-    /// (rank 0: model, counter, `lego-rl.json`; every rank: its ZeRO shard), then rank 0 renames
+    /// (rank 0: model, counter, `lego-rl.json`; every rank: its ZeRO shard; under expert
+    /// parallelism, each rank of the first group its model shard and expert moments), then rank 0 renames
     /// it to `out` once all ranks have written: a failure anywhere leaves nothing under `out`.
     /// `out` must not exist or be an empty directory; it and the staging directory must be on a
     /// file system every rank sees.
@@ -98,8 +116,20 @@ impl Trainer {
             if let Some(z) = &self.zero {
                 z.save(&tmp, pg.rank())?;
             }
-            if lead {
-                self.save(&tmp)?;
+            match &self.expert {
+                // Expert parallelism: the ranks of the first expert-parallel group write the
+                // model's shards and their experts' moments (the other groups hold copies).
+                Some(ep) if ep.expert_dp.rank() == 0 => {
+                    self.model
+                        .save_sharded(&tmp, &ep.comm.group, self.expert_layout)?;
+                    self.save_expert_optimizer(&tmp, lead)?;
+                    if lead {
+                        self.save_info(&tmp)?;
+                    }
+                }
+                Some(_) => {}
+                None if lead => self.save(&tmp)?,
+                None => {}
             }
             pg.barrier("writing the checkpoint")?;
             if lead {

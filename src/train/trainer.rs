@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use crate::model::{AttnMask, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
+use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
 use crate::records::{Record, Sample, StepMetrics};
 
 use super::batch::{micro_batches, Batch, Seq};
@@ -22,6 +22,7 @@ use super::gspo::{coefficients, LossKind, TrajTerm};
 use super::metrics::{mean_std, median, pearson};
 use super::optim::{AdamW, AdamWConfig};
 use super::shard::{combine_per_seq, shard, sum_scalars};
+use super::update::trainable;
 use super::zero::{ZeroAdamW, ZeroLayout};
 use super::TrainError;
 use crate::dist::ProcessGroup;
@@ -122,6 +123,10 @@ pub struct Trainer {
     pub(super) zero: Option<ZeroAdamW>,
     /// The ZeRO layout saved in the loaded checkpoint, when it has one.
     pub(super) zero_saved: Option<ZeroLayout>,
+    /// Expert parallelism ([`super::expert`]), when this rank holds only some experts.
+    pub expert: Option<super::expert::ExpertParallel>,
+    /// The expert layout the checkpoint is saved in.
+    pub expert_layout: ExpertLayout,
 }
 
 /// Per-micro-batch results of a forward.
@@ -170,6 +175,8 @@ impl Trainer {
             source: None,
             zero: None,
             zero_saved: None,
+            expert: None,
+            expert_layout: ExpertLayout::Keep,
         }
     }
 
@@ -256,14 +263,24 @@ impl Trainer {
     }
 
     /// Per-sequence log-probs of the policy tokens without gradients (plus extras on request).
-    fn score(&self, batch: &Batch, idx: &[usize], budget: usize, extras: bool, s: &Settings) -> Scored {
+    fn score(
+        &self,
+        batch: &Batch,
+        idx: &[usize],
+        budget: usize,
+        extras: bool,
+        s: &Settings,
+    ) -> Result<Scored, TrainError> {
         let _g = tch::no_grad_guard();
         let mut per_seq = vec![Vec::new(); batch.seqs.len()];
         // (Σ entropy, count) of the sampled positions.
         let mut entropy = (0.0, 0.0);
         let mut overlap = (0, 0);
-        for mb in micro_batches(&batch.seqs, idx, budget) {
+        let mbs = micro_batches(&batch.seqs, idx, budget);
+        let (n_mbs, rounds) = (mbs.len(), self.expert_rounds(mbs.len())?);
+        for mb in mbs {
             let out = self.forward(batch, &mb, extras, s);
+            self.check_expert()?;
             let lp = Vec::<f64>::try_from(out.lp.to_kind(Kind::Double)).expect("invariant: 1-d f64");
             if let Some(e) = out.entropy {
                 let e = Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64");
@@ -279,7 +296,8 @@ impl Trainer {
                 o += n;
             }
         }
-        (per_seq, entropy, overlap)
+        self.expert_catch_up(n_mbs, rounds, false, s)?;
+        Ok((per_seq, entropy, overlap))
     }
 
     /// Runs one training step on `samples` (read from `path`, for error messages) in this
@@ -308,7 +326,7 @@ impl Trainer {
         let budget = s.micro_batch_tokens.max(1);
         let (world, rank) = (pg.world_size(), pg.rank());
         // Pass 1: π_old (with replayed routing unless `s.replay` is off), plus diagnostics, each rank on its shard.
-        let (mine, ent, overlap) = self.score(&batch, &shard(&batch, &all, world, rank), budget, true, s);
+        let (mine, ent, overlap) = self.score(&batch, &shard(&batch, &all, world, rank), budget, true, s)?;
         let old = combine_per_seq(pg, &batch, &all, mine, "π_old log-probs (pass 1)")?;
         let d = sum_scalars(
             pg,
@@ -341,7 +359,7 @@ impl Trainer {
             let cur = if u == 0 {
                 old.clone()
             } else {
-                let mine = self.score(&batch, &my_idx, budget, false, s).0;
+                let mine = self.score(&batch, &my_idx, budget, false, s)?.0;
                 combine_per_seq(
                     pg,
                     &batch,
@@ -399,7 +417,9 @@ impl Trainer {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
-            for mb in micro_batches(&batch.seqs, &my_idx, budget) {
+            let mbs = micro_batches(&batch.seqs, &my_idx, budget);
+            let (n_mbs, rounds) = (mbs.len(), self.expert_rounds(mbs.len())?);
+            for mb in mbs {
                 let mut coef = Vec::new();
                 for &i in &mb {
                     let seq = &batch.seqs[i];
@@ -412,6 +432,8 @@ impl Trainer {
                     }
                 }
                 if coef.iter().all(|&c| c == 0.0) {
+                    // Expert parallelism: the others' tokens still need this rank's experts.
+                    self.expert_idle(true, s)?;
                     continue;
                 }
                 let coef = Tensor::from_slice(&coef)
@@ -422,12 +444,15 @@ impl Trainer {
                 let head = |hidden: &Tensor| {
                     lm.backward_logprobs(hidden, &inp.at, &inp.next, &coef, s.logprob_chunk)
                 };
-                if s.activation_checkpointing {
-                    let _lp = lm.backward_checkpointed(&inp.forward_input(), head);
+                let done = if s.activation_checkpointing {
+                    lm.backward_checkpointed(&inp.forward_input(), head)
                 } else {
-                    let _lp = head(&lm.forward(&inp.forward_input(), None).hidden);
-                }
+                    head(&lm.forward(&inp.forward_input(), None).hidden)
+                };
+                let _lp = done.map_err(|e| self.torch_or_expert(e))?;
+                self.check_expert()?;
             }
+            self.expert_catch_up(n_mbs, rounds, true, s)?;
             let (norm, lr) = self.sync_and_update(&params, s, pg)?;
             grad_norms.push(norm);
             lr_used = Some(lr);
@@ -556,49 +581,4 @@ struct Finished {
     grad_norms: Vec<f64>,
     lr: f64,
     elapsed: f64,
-}
-
-/// The parameters an update moves: all of `vars` but those `freeze` matches. A pattern that
-/// matches no parameter (a typo) or every parameter is an error rather than a silent no-op.
-fn trainable(vars: &[(String, Tensor)], freeze: Option<&str>) -> Result<Vec<(String, Tensor)>, TrainError> {
-    let re = freeze
-        .map(|pattern| {
-            regex::Regex::new(pattern).map_err(|e| TrainError::Freeze {
-                pattern: pattern.to_string(),
-                msg: e.to_string(),
-            })
-        })
-        .transpose()?;
-    let (mut params, mut frozen) = (Vec::new(), Vec::new());
-    for (name, p) in vars {
-        if re.as_ref().is_some_and(|re| re.is_match(name)) {
-            frozen.push(name.as_str());
-        } else {
-            params.push((name.clone(), p.shallow_clone()));
-        }
-    }
-    let Some(pattern) = freeze else {
-        return Ok(params);
-    };
-    let err = |msg: String| TrainError::Freeze {
-        pattern: pattern.to_string(),
-        msg,
-    };
-    if frozen.is_empty() {
-        let names: Vec<&str> = vars.iter().take(3).map(|(n, _)| n.as_str()).collect();
-        return Err(err(format!(
-            "matches no parameter of the model (names look like {})",
-            names.join(", ")
-        )));
-    }
-    if params.is_empty() {
-        return Err(err("matches every parameter: nothing would train".into()));
-    }
-    tracing::info!(
-        frozen = frozen.len(),
-        trainable = params.len(),
-        "frozen: {}",
-        frozen.join(", ")
-    );
-    Ok(params)
 }

@@ -20,6 +20,9 @@ impl Trainer {
         s: &Settings,
         pg: &ProcessGroup,
     ) -> Result<(f64, f64), TrainError> {
+        if self.expert.is_some() {
+            return self.sync_and_update_ep(params, s, pg);
+        }
         let defined = defined_anywhere(pg, params)?;
         let non_finite = |value| TrainError::NonFinite {
             what: "gradient norm",
@@ -66,6 +69,16 @@ impl Trainer {
         pg: &ProcessGroup,
     ) -> Result<(), TrainError> {
         let source = self.source.clone().unwrap_or_default();
+        if let (Some(ep), true) = (&self.expert, s.zero) {
+            return Err(TrainError::Output {
+                path: source,
+                msg: format!(
+                    "--zero 1 with --expert-parallel {}: not supported (ZeRO buckets span the whole \
+                     world, expert parameters differ between ranks); use --zero 0",
+                    ep.size()
+                ),
+            });
+        }
         if let (Some(saved), false) = (&self.zero_saved, s.zero) {
             return Err(TrainError::OptimizerState {
                 path: source.join(super::zero::DIR),
@@ -111,5 +124,79 @@ impl Trainer {
         ] {
             m.extra.insert(k.into(), v.into());
         }
+        if self.model.lm.moe_layers() == 0 {
+            return;
+        }
+        // This rank's share of the routed experts (what expert parallelism divides), measured on
+        // the live tensors: weights, their `.grad`, and their AdamW moments.
+        let experts = params.iter().filter(|(n, _)| super::expert::is_expert_param(n));
+        let (mut weights, mut grads) = (0u64, 0u64);
+        for (_, p) in experts {
+            weights += (p.numel() * p.kind().elt_size_in_bytes()) as u64;
+            let g = p.grad();
+            if g.defined() {
+                grads += (g.numel() * g.kind().elt_size_in_bytes()) as u64;
+            }
+        }
+        let ep = self.expert.as_ref().map_or(1, |e| e.size()) as u64;
+        for (k, v) in [
+            ("expert_parallel", ep),
+            ("expert_weight_bytes", weights),
+            ("expert_gradient_bytes", grads),
+            (
+                "expert_optimizer_state_bytes",
+                self.opt.state_bytes_where(super::expert::is_expert_param),
+            ),
+        ] {
+            m.extra.insert(k.into(), v.into());
+        }
     }
+}
+
+/// The parameters an update moves: all of `vars` but those `freeze` matches. A pattern that
+/// matches no parameter (a typo) or every parameter is an error rather than a silent no-op.
+pub(super) fn trainable(
+    vars: &[(String, Tensor)],
+    freeze: Option<&str>,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
+    let re = freeze
+        .map(|pattern| {
+            regex::Regex::new(pattern).map_err(|e| TrainError::Freeze {
+                pattern: pattern.to_string(),
+                msg: e.to_string(),
+            })
+        })
+        .transpose()?;
+    let (mut params, mut frozen) = (Vec::new(), Vec::new());
+    for (name, p) in vars {
+        if re.as_ref().is_some_and(|re| re.is_match(name)) {
+            frozen.push(name.as_str());
+        } else {
+            params.push((name.clone(), p.shallow_clone()));
+        }
+    }
+    let Some(pattern) = freeze else {
+        return Ok(params);
+    };
+    let err = |msg: String| TrainError::Freeze {
+        pattern: pattern.to_string(),
+        msg,
+    };
+    if frozen.is_empty() {
+        let names: Vec<&str> = vars.iter().take(3).map(|(n, _)| n.as_str()).collect();
+        return Err(err(format!(
+            "matches no parameter of the model (names look like {})",
+            names.join(", ")
+        )));
+    }
+    if params.is_empty() {
+        return Err(err("matches every parameter: nothing would train".into()));
+    }
+    tracing::info!(
+        frozen = frozen.len(),
+        trainable = params.len(),
+        "frozen: {}",
+        frozen.join(", ")
+    );
+    Ok(params)
 }

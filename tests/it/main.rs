@@ -7,6 +7,7 @@ mod chat;
 mod cli;
 mod common;
 mod dist;
+mod dist_ep;
 mod dist_train;
 mod docs;
 mod engine;
