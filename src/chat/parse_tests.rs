@@ -410,7 +410,8 @@ fn qwen35_rejects_what_the_request_did_not_declare_and_counts_it() {
             "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</tool_call>".into(),
             Reject::UnterminatedFunction,
         ),
-        ("<tool_call>\n<function=bash\n</tool_call>".into(), Reject::BadName("function")),
+        ("<tool_call>\n<function=bash\n</tool_call>".into(), Reject::UnterminatedTag("function")),
+        ("<tool_call>\n<function=ba sh>\n</function>\n</tool_call>".into(), Reject::BadName("function")),
         ("<tool_call>\n<function=>\n</function>\n</tool_call>".into(), Reject::BadName("function")),
         (
             "<tool_call>\n<parameter=command>\nls\n</parameter>\n</tool_call>".into(),

@@ -3,21 +3,18 @@
 //! against the trainer's chunked forward, and a GSPO train-step with replay. Checkpoints (save →
 //! transformers load, layouts, bad input) are in `hybrid_checkpoint.rs`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use lego_rl::engine::embedded::EmbeddedBackend;
 use lego_rl::engine::{Backend, GenerateRequest};
-use lego_rl::model::{ForwardInput, KvCache, Model, ModelError};
+use lego_rl::model::{ForwardInput, KvCache, Model};
 use lego_rl::records::Sampling;
 use tch::{Device, Kind, Tensor};
 
 use crate::common::{self, lego};
 use crate::hybrid_checkpoint::raw_tensors;
-use crate::model::{
-    floats, ids_of, max_abs_diff, read_json, reference_routing, routing_lists, seq_logprobs, tiny_moe,
-};
+use crate::model::{floats, ids_of, max_abs_diff, read_json, reference_routing, routing_lists, seq_logprobs};
 use crate::train::{read_metrics, sample, write_samples, CLI_OPTS};
 
 /// A generated tiny hybrid checkpoint (`tiny-qwen3.5-moe` or `tiny-qwen3-next`), made once by
