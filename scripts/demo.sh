@@ -17,18 +17,49 @@
 # containers, grading, alignment, the GSPO step, gates, report — is the real pipeline.
 #
 # Environment: LEGO_RL_RUN (run directory), LEGO_RL_STEPS (training steps, default 2),
-# LEGO_RL_HARNESS (adapter file), LEGO_RL_GROUP (group size, default 8).
+# LEGO_RL_HARNESS (adapter file), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
+# a generated tiny model's name — tiny-qwen3-moe (default), tiny-qwen3.5-moe, tiny-qwen3-next — or
+# an HF checkpoint folder), LEGO_RL_FORCED (the scripted continuations; default: the Qwen3.5 form,
+# a reasoning block and XML tool calls, when the model's chat template uses `<function=` calls,
+# else the Qwen3 JSON form).
+#
+#   LEGO_RL_MODEL=tiny-qwen3.5-moe scripts/demo.sh     # the paper's model family, tiny
+#   scripts/demo.sh --dry-run                          # print the resolved settings and stop
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$root/scripts/setup.sh"
 lego="$root/target/release/lego-rl"
 run=${LEGO_RL_RUN:-$root/runs/demo}
 steps=${LEGO_RL_STEPS:-2}
 harness=${LEGO_RL_HARNESS:-$root/examples/harnesses/mini-swe-agent.toml}
 group=${LEGO_RL_GROUP:-8}
-forced="$root/testdata/rollout/inflection.json"
-mkdir -p "$run/logs"
+model=${LEGO_RL_MODEL:-tiny-qwen3-moe}
 say() { printf 'demo: %s\n' "$*" >&2; }
+die() { printf 'demo: error: %s\n' "$*" >&2; exit 2; }
+case $model in
+  */*) checkpoint=$model ;;
+  tiny-qwen3-moe|tiny-qwen3.5-moe|tiny-qwen3-next) checkpoint="$root/testdata/models/generated/$model" ;;
+  *) die "LEGO_RL_MODEL=$model: expected tiny-qwen3-moe, tiny-qwen3.5-moe, tiny-qwen3-next or a checkpoint folder" ;;
+esac
+# The generated tiny models appear with set-up; a folder given by path must exist now.
+case $model in */*) [ -f "$checkpoint/config.json" ] || die "LEGO_RL_MODEL=$model has no config.json" ;; esac
+# The scripted outputs must be in the model's own chat format (the proxy parses them with it).
+# Which one is decided by the template the generated model is made with, so --dry-run needs no set-up.
+template="$checkpoint/chat_template.jinja"
+[ "$model" = tiny-qwen3.5-moe ] && template="$root/testdata/tokenizer/qwen3.5/chat_template.jinja"
+if [ -n "${LEGO_RL_FORCED:-}" ]; then
+  forced=$LEGO_RL_FORCED
+elif [ -f "$template" ] && grep -q '<function=' "$template"; then
+  forced="$root/testdata/rollout/inflection-qwen3.5.json"
+else
+  forced="$root/testdata/rollout/inflection.json"
+fi
+say "model $checkpoint; scripted continuations $forced"
+if [ "${1:-}" = --dry-run ]; then
+  exit 0
+fi
+[ $# -eq 0 ] || die "unknown argument $1 (only --dry-run)"
+"$root/scripts/setup.sh"
+mkdir -p "$run/logs"
 say "run directory $run"
 
 say "filter-tasks: rules + decontamination of testdata/tasks"
@@ -50,7 +81,7 @@ zstd -dc "$run/tasks.kept.jsonl.zst" | jq -c --arg ids "$ids" 'select(.id as $i 
 
 say "loop: $steps steps of rollout (group of $group) → align → train-step → validate"
 "$root/scripts/loop.sh" --run "$run" --tasks "$run/tasks.train.jsonl.zst" --images "$run/images.jsonl.zst" \
-  --checkpoint "$root/testdata/models/generated/tiny-qwen3-moe" --steps "$steps" --group-size "$group" \
+  --checkpoint "$checkpoint" --steps "$steps" --group-size "$group" \
   --harness "$harness" --rollout-args "--forced $forced --max-turns 6"
 
 say "done; run directory: $run"

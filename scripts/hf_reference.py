@@ -8,7 +8,8 @@ top-k expert ids per MoE layer and position (``topk_experts[layer][pos]``, desce
 probability) to OUT. Used by lego-rl's tests to prove that checkpoints lego-rl writes load in
 transformers and compute the same function, and by make_tiny_models.py.
 
-Usage: hf_reference.py CKPT IDS_JSON OUT
+Usage: hf_reference.py CKPT IDS_JSON OUT [CKPT IDS_JSON OUT ...]
+(several triples share one interpreter start: importing torch and transformers is the slow part)
 """
 import json
 import sys
@@ -62,13 +63,14 @@ def reference(ckpt, sequences):
 
 
 def main():
-    if len(sys.argv) != 4:
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
         sys.exit(__doc__)
-    ckpt, ids_json, out = sys.argv[1:]
-    with open(ids_json) as f:
-        sequences = json.load(f)["sequences"]
-    with open(out, "w") as f:
-        json.dump(reference(ckpt, sequences), f)
+    for ckpt, ids_json, out in zip(args[0::3], args[1::3], args[2::3]):
+        with open(ids_json) as f:
+            sequences = json.load(f)["sequences"]
+        with open(out, "w") as f:
+            json.dump(reference(ckpt, sequences), f)
 
 
 if __name__ == "__main__":

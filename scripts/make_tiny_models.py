@@ -20,6 +20,7 @@ so concurrent runs or a crash never leave a half-written OUT.
 
 Usage: make_tiny_models.py [OUT]   (default: all three under testdata/models/generated)
 """
+import filecmp
 import os
 import random
 import shutil
@@ -242,7 +243,10 @@ def add_tokenizer(out, name):
         src = os.path.join(TOKENIZER, file)
         if file == "chat_template.jinja" and qwen35:
             src = os.path.join(TOKENIZER, "..", "qwen3.5", file)
-        if not os.path.isfile(dst):
+        # The template is refreshed when testdata's copy changed (it was once a llama.cpp fork's
+        # edit of Qwen3.5's): train-step and rollout read it from the checkpoint.
+        stale = file == "chat_template.jinja" and os.path.isfile(dst) and not filecmp.cmp(src, dst, shallow=False)
+        if stale or not os.path.isfile(dst):
             shutil.copyfile(src, dst + ".tmp")
             os.rename(dst + ".tmp", dst)
 

@@ -156,6 +156,7 @@ pub fn add_stats(a: &mut AlignStats, b: &AlignStats) {
     a.samples_without_routing += b.samples_without_routing;
     a.context_refusals += b.context_refusals;
     a.without_tokenizer += b.without_tokenizer;
+    a.malformed_tool_calls += b.malformed_tool_calls;
 }
 
 /// Where align reads and writes.

@@ -191,6 +191,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             drop_turn(&mut stats, &format!("status:{status}"), g.output_ids.len());
             continue;
         }
+        stats.malformed_tool_calls += g.malformed_tool_calls();
         if logprobs.len() != g.output_ids.len() {
             return Err(bad(
                 t,

@@ -212,7 +212,11 @@ impl ChatFormat {
             return Err(changed);
         };
         let captured = format!("{}{}", &g[h.len()..], self.decode(prev.output_ids, false)?);
-        if turn_p.replacen(&artifact, "", 1) != turn_f || captured.contains(&artifact) {
+        // Any piece of the artifact in the captured turn means the policy saw (part of) what `F`
+        // drops: Qwen3.5's generation prompt always opens `<think>`, so an earlier turn whose
+        // (even empty, even `<think>\n</think>`) block the template removes must not splice.
+        let seen = artifact.split_whitespace().any(|piece| captured.contains(piece));
+        if turn_p.replacen(&artifact, "", 1) != turn_f || seen {
             return Err(changed);
         }
         Ok(&f[fe..])

@@ -19,6 +19,17 @@ fn coder() -> ChatFormat {
     .unwrap()
 }
 
+/// The Qwen3 tokenizer with Qwen's Qwen3.5 template (thinking on by default, XML calls, the
+/// `<think>` of turns before the last user query dropped).
+fn qwen35() -> ChatFormat {
+    ChatFormat::from_parts(
+        &testdata("tokenizer/qwen3/tokenizer.json"),
+        &testdata("tokenizer/qwen3/tokenizer_config.json"),
+        Some(&testdata("tokenizer/qwen3.5/chat_template.jinja")),
+    )
+    .unwrap()
+}
+
 fn tools() -> Vec<ToolSpec> {
     vec![ToolSpec {
         name: "bash".into(),
@@ -339,4 +350,59 @@ fn qwen3_turn_without_reasoning_splices_when_thinking_is_on() {
         splice(&fmt, &first, &opts, &g, &new),
         Err(SpliceBreak::NotAppendOnly { .. })
     ));
+}
+
+#[test]
+fn qwen35_tool_loops_splice_and_dropped_think_blocks_start_a_new_segment() {
+    // verl#6854: Qwen3.5 drops the <think> block of every assistant turn before the last user
+    // query, so after a new query the prompt is no longer an extension of the tokens sampled.
+    let fmt = qwen35();
+    let (first, opts) = (first_request(), RenderOptions::generation(None));
+    let call = "Let me look.\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n<parameter=timeout>\n10\n</parameter>\n</function>\n</tool_call><|im_end|>";
+    let g = generate(&fmt, &first, &opts, &format!("List first.\n</think>\n\n{call}"));
+    assert!(
+        fmt.prompt_ends_in_reasoning(&g.prompt).unwrap(),
+        "thinking is on by default"
+    );
+    assert_eq!(g.assistant.reasoning.as_deref(), Some("List first."));
+    assert_eq!(
+        g.assistant.tool_calls[0].arguments,
+        r#"{"command":"ls -la","timeout":10}"#
+    );
+    // Inside the tool loop the block stays: the splice is the template's own render, whether or
+    // not the harness echoes the reasoning (OpenAI clients drop `reasoning_content`).
+    let new = next_request(&first, g.assistant.clone(), "calc.py");
+    let fp = splice(&fmt, &first, &opts, &g, &new).unwrap();
+    assert_eq!(fp.prompt_ids, fmt.prompt_ids(&new, &opts).unwrap());
+    assert_eq!(
+        fp.suffix_text,
+        "\n<|im_start|>user\n<tool_response>\ncalc.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+    );
+    let mut bare = g.assistant.clone();
+    bare.reasoning = None;
+    assert_eq!(
+        splice(&fmt, &first, &opts, &g, &next_request(&first, bare, "calc.py")).unwrap(),
+        fp
+    );
+    // A new user query: the earlier turn now renders without its block. A new segment, never a
+    // splice — also when the block was empty, and also when the model closed it at once
+    // (`<think>\n</think>`, which the "only while last" rule alone would have let through).
+    for out in [
+        format!("List first.\n</think>\n\n{call}"),
+        format!("\n</think>\n\n{call}"),
+        format!("</think>\n\n{call}"),
+    ] {
+        let g = generate(&fmt, &first, &opts, &out);
+        let mut asked = next_request(&first, g.assistant.clone(), "calc.py");
+        asked
+            .messages
+            .push(Message::text(Role::User, "Now run the tests."));
+        let rendered = fmt.render(&asked, &opts).unwrap();
+        assert!(
+            !rendered.contains("List first.") && rendered.matches("<think>").count() == 1,
+            "{rendered}"
+        );
+        let err = splice(&fmt, &first, &opts, &g, &asked).unwrap_err();
+        assert!(matches!(err, SpliceBreak::NotAppendOnly { .. }), "{out:?}: {err}");
+    }
 }

@@ -9,7 +9,9 @@
 //! Rules: a leading `<think>` (or a prompt that already opened one) starts reasoning, ended by
 //! `</think>`; reasoning is stripped of surrounding newlines, text of surrounding whitespace (as the
 //! Qwen3 template re-renders them). A tool call is emitted whole once `</tool_call>` arrives; a call
-//! that does not parse is returned as text and counted in [`ParsedOutput::malformed_tool_calls`].
+//! that does not parse is returned as text and counted in [`ParsedOutput::malformed_tool_calls`]
+//! (XML calls are held to the template's exact shape and the request's tool schemas:
+//! [`super::xml_call`]).
 //! Tool-call ids are `call_` + 24 hex digits of sha256(trial, generation, call index): stable, so
 //! alignment can link a later request's echoed call to the generation that made it.
 
@@ -204,7 +206,8 @@ impl StreamParser {
         }
     }
 
-    /// Type Qwen3-Coder XML parameters by these tools' JSON schemas.
+    /// The request's tools: XML calls (Qwen3-Coder, Qwen3.5) are checked against them and their
+    /// parameters typed by their JSON schemas (see [`super::xml_call`] for what is rejected).
     pub fn with_tools(mut self, tools: &[ToolSpec]) -> Self {
         self.tools = tools.to_vec();
         self
@@ -347,7 +350,13 @@ impl StreamParser {
     fn parse_call(&self, body: &str) -> Option<(String, String)> {
         match self.format {
             ToolCallFormat::Json => parse_json_call(body),
-            ToolCallFormat::Xml => parse_xml_call(body, &self.tools),
+            ToolCallFormat::Xml => match super::xml_call::parse(body, &self.tools) {
+                Ok(call) => Some(call),
+                Err(reason) => {
+                    tracing::debug!("rejected an XML tool call: {reason}");
+                    None
+                }
+            },
         }
     }
 }
@@ -442,54 +451,6 @@ fn top_level_value_span<'a>(obj: &'a str, key: &str) -> Option<&'a str> {
         } else {
             return None;
         }
-    }
-}
-
-/// `<function=NAME><parameter=P>V</parameter>…</function>` → (name, compact JSON arguments).
-/// Values are typed by the tool's schema (`integer`, `boolean`, `object`, … parsed as JSON),
-/// strings otherwise — as vLLM's qwen3_coder parser does.
-fn parse_xml_call(body: &str, tools: &[ToolSpec]) -> Option<(String, String)> {
-    let mut rest = body.trim().strip_prefix("<function=")?;
-    let end = rest.find('>')?;
-    let name = rest[..end].trim().to_string();
-    rest = &rest[end + 1..];
-    let schema = tools
-        .iter()
-        .find(|t| t.name == name)
-        .map(|t| &t.parameters["properties"]);
-    let mut args = Map::new();
-    loop {
-        rest = rest.trim_start();
-        if let Some(r) = rest.strip_prefix("</function>") {
-            return r
-                .trim()
-                .is_empty()
-                .then(|| (name, Value::Object(args).to_string()));
-        }
-        let r = rest.strip_prefix("<parameter=")?;
-        let end = r.find('>')?;
-        let pname = r[..end].trim().to_string();
-        let r = &r[end + 1..];
-        let close = r.find("</parameter>")?;
-        let raw = r[..close].strip_prefix('\n').unwrap_or(&r[..close]);
-        let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let ty = schema.and_then(|s| s.get(&pname)).and_then(|p| p.get("type"));
-        args.insert(pname, typed_value(raw, ty));
-        rest = &r[close + "</parameter>".len()..];
-    }
-}
-
-fn typed_value(raw: &str, ty: Option<&Value>) -> Value {
-    let ty = match ty {
-        Some(Value::String(t)) => Some(t.as_str()),
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).find(|t| *t != "null"),
-        _ => None,
-    };
-    match ty {
-        Some("integer" | "number" | "boolean" | "object" | "array" | "null") => {
-            serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
-        }
-        _ => Value::String(raw.to_string()),
     }
 }
 

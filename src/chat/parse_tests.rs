@@ -292,3 +292,183 @@ fn parsed_output_becomes_the_assistant_message() {
     assert_eq!((m.content.as_str(), m.tool_calls.len()), ("Let me look.", 2));
     assert_eq!(m.reasoning.as_deref(), Some("The user wants a fix.\nLook first."));
 }
+
+/// mini-swe-agent's tool and an editor tool, as a Qwen3.5 request declares them.
+fn qwen35_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "bash".into(),
+            description: Some("Run a command".into()),
+            parameters: json!({"type": "object", "properties": {"command": {"type": "string"}},
+                "required": ["command"]}),
+        },
+        ToolSpec {
+            name: "edit".into(),
+            description: None,
+            parameters: json!({"type": "object", "additionalProperties": false,
+                "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
+                    "ratio": {"type": "number"}, "dry": {"type": "boolean"},
+                    "tags": {"type": "array"}, "note": {"type": ["string", "null"]}},
+                "required": ["path", "line"]}),
+        },
+    ]
+}
+
+/// A Qwen3.5 parser: the generation prompt opened `<think>` (thinking on by default).
+fn qwen35() -> StreamParser {
+    StreamParser::new(ToolCallFormat::Xml, ids(), true).with_tools(&qwen35_tools())
+}
+
+/// A call exactly as the Qwen3.5 template renders one.
+fn xml_call(name: &str, params: &[(&str, &str)]) -> String {
+    let params: String = params
+        .iter()
+        .map(|(k, v)| format!("<parameter={k}>\n{v}\n</parameter>\n"))
+        .collect();
+    format!("<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
+}
+
+#[test]
+fn qwen35_reasoning_and_xml_calls_in_the_templates_format() {
+    let template =
+        std::fs::read_to_string(crate::chat::testdata("tokenizer/qwen3.5/chat_template.jinja")).unwrap();
+    assert_eq!(ToolCallFormat::detect(&template), ToolCallFormat::Xml);
+    let out = format!(
+        "The teens check is wrong.\nLook first.\n</think>\n\nLet me look.\n\n{}\n{}",
+        xml_call(
+            "bash",
+            &[("command", "grep -n 'in (11, 12, 13)' x.py\necho <done>")]
+        ),
+        xml_call(
+            "edit",
+            &[
+                ("path", "x.py"),
+                ("line", "12"),
+                ("ratio", "0.5"),
+                ("dry", "True"),
+                ("tags", "[\"a\", 1]"),
+                ("note", "None")
+            ]
+        ),
+    );
+    let p = qwen35().parse_all(&out);
+    assert_eq!(p.malformed_tool_calls, 0, "{p:?}");
+    assert_eq!(
+        p.reasoning.as_deref(),
+        Some("The teens check is wrong.\nLook first.")
+    );
+    assert_eq!(p.content, "Let me look.");
+    assert_eq!(p.tool_calls.len(), 2);
+    assert_eq!(
+        p.tool_calls[0].arguments,
+        r#"{"command":"grep -n 'in (11, 12, 13)' x.py\necho <done>"}"#
+    );
+    // Typed by the schema, in the model's order; `True` and `None` as the template writes them.
+    assert_eq!(
+        p.tool_calls[1].arguments,
+        r#"{"path":"x.py","line":12,"ratio":0.5,"dry":true,"tags":["a",1],"note":null}"#
+    );
+}
+
+#[test]
+fn qwen35_rejects_what_the_request_did_not_declare_and_counts_it() {
+    use super::super::xml_call::{parse, Reject};
+    let body = |call: &str| {
+        call.strip_prefix("<tool_call>")
+            .and_then(|c| c.strip_suffix("</tool_call>"))
+            .unwrap()
+            .to_string()
+    };
+    let tools = qwen35_tools();
+    let cases: Vec<(String, Reject)> = vec![
+        (xml_call("python", &[("code", "1")]), Reject::UnknownFunction("python".into())),
+        (xml_call("bash", &[("cmd", "ls")]), Reject::UnknownParameter("cmd".into())),
+        (xml_call("edit", &[("path", "x"), ("line", "1"), ("mode", "w")]), Reject::UnknownParameter("mode".into())),
+        (xml_call("edit", &[("path", "x")]), Reject::MissingParameter("line".into())),
+        (xml_call("bash", &[("command", "ls"), ("command", "pwd")]), Reject::DuplicateParameter("command".into())),
+        (
+            xml_call("edit", &[("path", "x"), ("line", "twelve")]),
+            Reject::BadValue { name: "line".into(), ty: "\"integer\"".into() },
+        ),
+        (
+            xml_call("edit", &[("path", "x"), ("line", "1.5")]),
+            Reject::BadValue { name: "line".into(), ty: "\"integer\"".into() },
+        ),
+        (
+            xml_call("edit", &[("path", "x"), ("line", "1"), ("dry", "yes")]),
+            Reject::BadValue { name: "dry".into(), ty: "\"boolean\"".into() },
+        ),
+        (
+            xml_call("edit", &[("path", "x"), ("line", "1"), ("tags", "{\"a\": 1}")]),
+            Reject::BadValue { name: "tags".into(), ty: "\"array\"".into() },
+        ),
+        (
+            "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</function>\n</tool_call>".into(),
+            Reject::UnterminatedParameter,
+        ),
+        (
+            "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</tool_call>".into(),
+            Reject::UnterminatedFunction,
+        ),
+        ("<tool_call>\n<function=bash\n</tool_call>".into(), Reject::UnterminatedTag("function")),
+        ("<tool_call>\n<function=ba sh>\n</function>\n</tool_call>".into(), Reject::BadName("function")),
+        ("<tool_call>\n<function=>\n</function>\n</tool_call>".into(), Reject::BadName("function")),
+        (
+            "<tool_call>\n<parameter=command>\nls\n</parameter>\n</tool_call>".into(),
+            Reject::NoFunction,
+        ),
+        (
+            "<tool_call>\nbash\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>".into(),
+            Reject::NoFunction,
+        ),
+        (
+            "<tool_call>\n<function=bash>\nnow:\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>".into(),
+            Reject::StrayText,
+        ),
+        (
+            "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\ndone\n</tool_call>".into(),
+            Reject::StrayText,
+        ),
+        // The JSON syntax of Qwen3 is not Qwen3.5's.
+        (
+            "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>".into(),
+            Reject::NoFunction,
+        ),
+    ];
+    for (call, want) in &cases {
+        assert_eq!(parse(&body(call), &tools).unwrap_err(), *want, "{call}");
+        // Through the parser: returned as text, counted, the good call beside it kept.
+        let out = format!(
+            "x\n</think>\n\n{call}\n{}",
+            xml_call("bash", &[("command", "ls")])
+        );
+        let p = qwen35().parse_all(&out);
+        assert_eq!((p.malformed_tool_calls, p.tool_calls.len()), (1, 1), "{call}");
+        assert!(p.content.contains(call.as_str()), "{call}: {:?}", p.content);
+    }
+    // An unterminated <tool_call> at the end of the output is rejected unless its function closed
+    // (the model stopped right before `</tool_call>`).
+    let cut = "x\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls";
+    let p = qwen35().parse_all(cut);
+    assert_eq!(
+        (p.malformed_tool_calls, p.content.as_str()),
+        (1, &cut[cut.find("<tool_call>").unwrap()..])
+    );
+    let p = qwen35().parse_all(
+        "x\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n",
+    );
+    assert_eq!((p.malformed_tool_calls, p.tool_calls.len()), (0, 1));
+    // Text after a complete call stays content (vLLM drops it; nothing is dropped here).
+    let p = qwen35().parse_all(&format!(
+        "x\n</think>\n\n{}\nand then more",
+        xml_call("bash", &[("command", "ls")])
+    ));
+    assert_eq!((p.tool_calls.len(), p.content.as_str()), (1, "and then more"));
+    // A call inside the reasoning is reasoning (the think block has not ended).
+    let p = qwen35().parse_all(&format!("maybe {}", xml_call("bash", &[("command", "ls")])));
+    assert_eq!((p.tool_calls.len(), p.malformed_tool_calls), (0, 0));
+    // Without declared tools names are not checked and values stay strings.
+    let p = StreamParser::new(ToolCallFormat::Xml, ids(), false)
+        .parse_all(&xml_call("python", &[("line", "12")]));
+    assert_eq!(p.tool_calls[0].arguments, r#"{"line":"12"}"#);
+}

@@ -14,7 +14,7 @@ use crate::chat::{
     Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, StreamEvent, ToolCallIds,
 };
 use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
-use crate::records::{Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT};
+use crate::records::{Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS};
 
 /// One captured generation with what faithful prompting of the next turn needs.
 #[derive(Debug, Clone)]
@@ -583,7 +583,7 @@ async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Resu
     if parsed.malformed_tool_calls > 0 {
         record
             .extra
-            .insert("malformed_tool_calls".into(), json!(parsed.malformed_tool_calls));
+            .insert(MALFORMED_TOOL_CALLS.into(), json!(parsed.malformed_tool_calls));
     }
     record.timings = BTreeMap::from([
         ("prepare".to_string(), prepared_s),

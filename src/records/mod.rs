@@ -19,7 +19,8 @@ pub use sample::{AlignStats, LossMask, Sample};
 pub use task::{Environment, Grader, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
 pub use trajectory::{
     AuditEvent, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming, Termination,
-    Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, TAMPERING_KINDS,
+    Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, MALFORMED_TOOL_CALLS,
+    TAMPERING_KINDS,
 };
 pub use validation::{GateResult, StepMetrics, ValidationReport};
 

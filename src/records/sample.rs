@@ -139,4 +139,8 @@ pub struct AlignStats {
     /// trajectory loads): their text-based statistics are approximate.
     #[serde(default)]
     pub without_tokenizer: u64,
+    /// Tool calls the proxy rejected and returned as text, over the aligned turns (their tokens
+    /// are trained as the text the policy wrote; a run whose calls stop parsing shows here).
+    #[serde(default)]
+    pub malformed_tool_calls: u64,
 }

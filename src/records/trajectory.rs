@@ -172,6 +172,17 @@ pub struct Generation {
     pub extra: Map<String, Value>,
 }
 
+impl Generation {
+    /// Tool calls of this output the proxy rejected and returned as text
+    /// (`extra.malformed_tool_calls`; 1 for a `malformed_tool_call` status without the count).
+    pub fn malformed_tool_calls(&self) -> u64 {
+        match self.extra.get(MALFORMED_TOOL_CALLS).and_then(Value::as_u64) {
+            Some(n) => n,
+            None => u64::from(self.status.as_deref() == Some("malformed_tool_call")),
+        }
+    }
+}
+
 /// Result of grading a trial.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct GraderResult {
@@ -330,6 +341,11 @@ pub const CHAT_MODEL: &str = "chat_model";
 /// `metadata` key: how many of the trial's requests were refused for the context (present when
 /// any were; the harness may have compacted and gone on).
 pub const CONTEXT_REFUSALS: &str = "context_refusals";
+
+/// `Generation::extra` and `Trajectory::metadata` key: tool calls the proxy could not parse
+/// (unknown function or parameter, a value not of its type, unterminated tags, …) and returned to
+/// the harness as text; see `chat::xml_call`. Present when there were any.
+pub const MALFORMED_TOOL_CALLS: &str = "malformed_tool_calls";
 
 /// `GraderResult::reason` of a trial whose diff tried to change how it is graded (reward 0).
 pub const GRADER_TAMPERING: &str = "grader_tampering";

@@ -67,6 +67,8 @@ pub struct StepRow {
     pub response_tokens_mean: Option<f64>,
     pub turns_mean: Option<f64>,
     pub tool_calls_mean: Option<f64>,
+    /// Tool calls the proxy rejected and answered as text, over the step's trajectories.
+    pub malformed_tool_calls: u64,
     pub reread_after_edit: Option<f64>,
     pub files_viewed_before_edit: Option<f64>,
     pub success_after_failure: Option<f64>,
@@ -284,6 +286,11 @@ pub fn build(
             *row.audit.entry(k.clone()).or_default() += 1;
         }
         *row.terminations.entry(s.termination.clone()).or_default() += 1;
+        row.malformed_tool_calls += t
+            .generations
+            .iter()
+            .map(|g| g.malformed_tool_calls())
+            .sum::<u64>();
         if let Some(c) = t.metadata.get("prefix_cache") {
             row.prompt_tokens += c["prompt_tokens"].as_u64().unwrap_or(0);
             row.cached_prompt_tokens += c["cached_tokens"].as_u64().unwrap_or(0);

@@ -13,6 +13,7 @@ use super::Shared;
 use crate::harness::{Launch, TrialContext};
 use crate::records::{
     Generation, Record, Task, Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS,
+    MALFORMED_TOOL_CALLS,
 };
 use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult};
 
@@ -196,6 +197,10 @@ fn trajectory(
         .count();
     if refused > 0 {
         metadata.insert(CONTEXT_REFUSALS.into(), json!(refused));
+    }
+    let malformed: u64 = generations.iter().map(Generation::malformed_tool_calls).sum();
+    if malformed > 0 {
+        metadata.insert(MALFORMED_TOOL_CALLS.into(), json!(malformed));
     }
     if let Some(code) = exit_code {
         metadata.insert("agent_exit_code".into(), json!(code));

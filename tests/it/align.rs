@@ -80,7 +80,12 @@ async fn capture(proxy: &Proxy, base: &str, trial_id: &str, api: &str) -> Vec<Ge
     gens
 }
 
-fn trajectory(task: &str, sample: u32, generations: Vec<Generation>, reward: Option<f64>) -> Trajectory {
+pub(crate) fn trajectory(
+    task: &str,
+    sample: u32,
+    generations: Vec<Generation>,
+    reward: Option<f64>,
+) -> Trajectory {
     Trajectory {
         reward,
         mode: Some("train".into()),
@@ -88,7 +93,7 @@ fn trajectory(task: &str, sample: u32, generations: Vec<Generation>, reward: Opt
     }
 }
 
-fn align(args: &[&str]) {
+pub(crate) fn align(args: &[&str]) {
     let out = lego().arg("align").args(args).output().unwrap();
     assert!(
         out.status.success(),
@@ -97,7 +102,7 @@ fn align(args: &[&str]) {
     );
 }
 
-fn total(stats: &Path) -> AlignStats {
+pub(crate) fn total(stats: &Path) -> AlignStats {
     let all: Vec<AlignStats> = read_all(stats, ReadOptions::default()).unwrap();
     let t = all.last().unwrap().clone();
     assert!(t.trajectory_id.is_none());

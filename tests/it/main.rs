@@ -14,6 +14,7 @@ mod engine;
 mod filter_tasks;
 mod harnesses;
 mod hybrid;
+mod hybrid_checkpoint;
 mod io;
 mod learn_scripts;
 mod model;

@@ -1,6 +1,8 @@
 //! The whole loop on the tiny model: `scripts/loop.sh` for 2 steps (real Docker, the real
 //! mini-swe-agent harness, the embedded engine with scripted continuations), asserting every stage's
-//! output; and the Slurm examples run through a fake `sbatch` that executes the jobs locally.
+//! output; the Slurm examples run through a fake `sbatch` that executes the jobs locally, on the
+//! tiny Qwen3.5 (its chat template, XML tool calls, the hybrid engine and trainer, validate's gates);
+//! Qwen3.5's chat format through the proxy, align and replay without Docker; the demo's model choice.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,10 +16,10 @@ fn read<T: lego_rl::records::Record>(p: &Path) -> Vec<T> {
     read_all(p, ReadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Tasks with absolute paths (filter-tasks output) restricted to those with scripted continuations,
-/// plus the images and the harness runtime: what loop.sh needs.
-fn prepare(run: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let forced = root().join("testdata/rollout/inflection.json");
+/// Tasks with absolute paths (filter-tasks output) restricted to those with scripted continuations
+/// (`forced`, under testdata/rollout), plus the images and the harness runtime: what loop.sh needs.
+fn prepare(run: &Path, forced: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let forced = root().join("testdata/rollout").join(forced);
     let kept = run.join("tasks.kept.jsonl.zst");
     lego()
         .args(["filter-tasks", "-i"])
@@ -61,7 +63,7 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
     let dir = tempfile::tempdir().expect("tmp");
     let run = dir.path().join("run");
     std::fs::create_dir_all(&run).expect("mkdir");
-    let (tasks, images, forced) = prepare(&run);
+    let (tasks, images, forced) = prepare(&run, "inflection.json");
     let bin = assert_cmd::cargo::cargo_bin("lego-rl");
     let out = Command::new(root().join("scripts/loop.sh"))
         .env("LEGO_RL_BIN", &bin)
@@ -151,19 +153,22 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
     );
 }
 
+/// Also the issue-27 pipeline on the paper's model family: `rollout --forced` through the proxy
+/// with the Qwen3.5 template (reasoning, XML calls), align, a GSPO train-step with replay on the
+/// hybrid model, then validate's gates — one run shared with the Slurm check.
 #[test]
-fn slurm_examples_run_through_a_fake_sbatch() {
+fn slurm_examples_run_through_a_fake_sbatch_on_the_tiny_qwen35() {
     if !docker_available() {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
     let run = dir.path().join("run");
     std::fs::create_dir_all(run.join("checkpoints")).expect("mkdir");
-    let (tasks, images, forced) = prepare(&run);
+    let (tasks, images, forced) = prepare(&run, "inflection-qwen3.5.json");
     let ckpt = run.join("checkpoints/step-000000");
     let st = Command::new("cp")
         .arg("-r")
-        .arg(crate::model::tiny_moe())
+        .arg(crate::hybrid::tiny_qwen35())
         .arg(&ckpt)
         .status()
         .expect("cp");
@@ -228,12 +233,253 @@ fn slurm_examples_run_through_a_fake_sbatch() {
         }
     }
     assert_eq!(trajs.len(), 2, "{logs}");
+    // Every scripted Qwen3.5 turn parsed: reasoning opened by the template, one XML call each,
+    // the tool loop spliced on the captured tokens (no segment break).
+    for t in &trajs {
+        assert!(!t.infra_failure && t.reward.is_some(), "{:?}", t.termination);
+        assert!(t.generations.len() >= 3, "{}", t.id);
+        for g in &t.generations {
+            assert_eq!(
+                g.status.as_deref(),
+                Some("ok"),
+                "{} #{}: {:?}",
+                t.id,
+                g.index,
+                g.extra
+            );
+            assert_eq!(g.tool_call_ids.len(), 1, "{} #{}", t.id, g.index);
+        }
+        assert!(t.metadata.get("malformed_tool_calls").is_none());
+    }
+    let rewards: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
+    assert!(rewards.contains(&1.0) && rewards.contains(&0.0), "{rewards:?}");
     let samples: Vec<Sample> = read(&run.join("samples/step-000000.jsonl.zst"));
-    assert!(!samples.is_empty());
+    assert_eq!(samples.len(), 2, "one segment per trajectory");
+    let stats: Vec<AlignStats> = read(&run.join("align-stats/step-000000.jsonl.zst"));
+    let total = stats.last().expect("align-stats total");
+    assert_eq!(
+        (
+            total.dropped_turns,
+            total.malformed_tool_calls,
+            total.without_tokenizer
+        ),
+        (0, 0, 0),
+        "{total:?}"
+    );
+    assert!(total.segment_breaks.is_empty(), "{total:?}");
     assert!(
         run.join("checkpoints/step-000001/config.json").is_file(),
         "{logs}"
     );
     let metrics: Vec<StepMetrics> = read(&run.join("metrics.jsonl.zst"));
     assert_eq!(metrics.len(), 1);
+    let m = &metrics[0];
+    assert_eq!(m.routing_replay, Some(true));
+    assert!(m.logprob_pearson.expect("pearson") >= 0.999, "{m:?}");
+    assert!(m.expert_overlap.expect("overlap") >= 0.99, "{m:?}");
+    // train.sbatch ran validate after the step (a failed gate fails the job, checked above).
+    let reports: Vec<ValidationReport> = read(&run.join("validation.jsonl.zst"));
+    assert!(
+        !reports.is_empty() && reports.iter().all(|r| r.passed),
+        "{reports:?}"
+    );
+}
+
+/// Qwen3.5's chat format through the real proxy in front of the embedded tiny Qwen3.5, without
+/// Docker: a client runs a tool loop (reasoning, XML calls), makes one call to a tool the request
+/// never declared, is told so in a new user message — after which the template drops every
+/// earlier `<think>` block (verl#6854) — and goes on. The proxy splices inside the tool loops and
+/// renders (new segment) after the new query; align counts that one break and the rejected call;
+/// the trainer reproduces every rollout log-prob with routing replay.
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen35_chat_format_through_the_proxy_align_and_replay() {
+    use lego_rl::chat::ChatFormat;
+    use lego_rl::engine::embedded::EmbeddedBackend;
+    use lego_rl::io::AtomicWriter;
+    use lego_rl::proxy::{Proxy, ProxyConfig};
+    use lego_rl::records::PromptMode;
+    use serde_json::{json, Value};
+    use std::sync::Arc;
+
+    let dir = crate::hybrid::tiny_qwen35();
+    let chat = Arc::new(ChatFormat::from_model_dir(&dir).expect("the checkpoint's chat format"));
+    let backend = Arc::new(EmbeddedBackend::start(&dir, tch::Device::Cpu).expect("engine"));
+    let mut cfg = ProxyConfig::default();
+    cfg.sampling.seed = Some(5);
+    let proxy = Proxy::new(chat, backend, cfg);
+    let (addr, _) = proxy
+        .serve("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("serve");
+    let (token, trial) = proxy.register_trial("calc/0/0");
+    let call = |thought: &str, name: &str, param: &str, value: &str| {
+        format!("{thought}\n</think>\n\n<tool_call>\n<function={name}>\n<parameter={param}>\n{value}\n</parameter>\n</function>\n</tool_call>")
+    };
+    trial.push_script([
+        call("List first.", "bash", "command", "ls"),
+        call(
+            "Python is quicker.",
+            "python",
+            "code",
+            "print(open('calc.py').read())",
+        ),
+        call("Use bash then.", "bash", "command", "cat calc.py"),
+        "It subtracts.\n</think>\n\nadd() subtracts; that is the bug.".to_string(),
+    ]);
+    let url = format!("http://{addr}/t/{token}/v1/chat/completions");
+    let tools = json!([{"type": "function", "function": {"name": "bash", "description": "run a command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]);
+    let client = reqwest::Client::new();
+    let mut messages = vec![json!({"role": "user", "content": "Find the bug in calc.py."})];
+    let mut answers: Vec<Value> = Vec::new();
+    for (turn, next) in ["a.py calc.py", "", "def add(a, b): return a - b", ""]
+        .into_iter()
+        .enumerate()
+    {
+        let resp: Value = client
+            .post(&url)
+            .json(&json!({"messages": messages, "tools": tools}))
+            .send()
+            .await
+            .expect("post")
+            .json()
+            .await
+            .expect("json");
+        let msg = resp["choices"][0]["message"].clone();
+        // An OpenAI client echoes the answer without its reasoning.
+        let mut echo = json!({"role": "assistant", "content": msg["content"]});
+        if let Some(calls) = msg.get("tool_calls").filter(|c| c.is_array()) {
+            echo["tool_calls"] = calls.clone();
+        }
+        messages.push(echo);
+        match (turn, msg["tool_calls"][0]["id"].as_str()) {
+            (1, _) => {
+                messages.push(json!({"role": "user", "content": "There is no `python` tool; use bash."}))
+            }
+            (_, Some(id)) => messages.push(json!({"role": "tool", "tool_call_id": id, "content": next})),
+            _ => {}
+        }
+        answers.push(resp);
+    }
+    assert_eq!(answers[0]["choices"][0]["finish_reason"], "tool_calls");
+    // The undeclared call comes back as text, not as a call the harness cannot run.
+    let rejected = &answers[1]["choices"][0]["message"];
+    assert!(
+        rejected["tool_calls"].as_array().is_none_or(Vec::is_empty),
+        "{rejected}"
+    );
+    assert!(
+        rejected["content"]
+            .as_str()
+            .unwrap_or("")
+            .contains("<function=python>"),
+        "{rejected}"
+    );
+    assert_eq!(
+        answers[3]["choices"][0]["message"]["content"],
+        "add() subtracts; that is the bug."
+    );
+    let gens = trial.generations();
+    assert_eq!(gens.len(), 4);
+    assert_eq!(gens[1].status.as_deref(), Some("malformed_tool_call"));
+    assert_eq!(gens[1].malformed_tool_calls(), 1);
+    let modes: Vec<PromptMode> = gens.iter().map(|g| g.prompt_mode).collect();
+    assert_eq!(
+        modes,
+        [
+            PromptMode::Rendered,
+            PromptMode::Faithful,
+            PromptMode::Rendered,
+            PromptMode::Faithful
+        ],
+        "{:?}",
+        gens.iter().map(|g| &g.extra).collect::<Vec<_>>()
+    );
+    let joined =
+        |g: &lego_rl::records::Generation| [g.prompt_ids.as_slice(), g.output_ids.as_slice()].concat();
+    assert!(gens[1].prompt_ids.starts_with(&joined(&gens[0])));
+    assert!(
+        !gens[2].prompt_ids.starts_with(&joined(&gens[1])),
+        "the think blocks are gone"
+    );
+    assert!(gens[3].prompt_ids.starts_with(&joined(&gens[2])));
+
+    let tmp = tempfile::tempdir().expect("tmp");
+    let p = |name: &str| tmp.path().join(name);
+    let mut w = AtomicWriter::create(&p("traj.jsonl.zst")).expect("create");
+    w.write(&crate::align::trajectory("calc", 0, gens, Some(1.0)))
+        .expect("write");
+    w.finish().expect("finish");
+    let s = |path: &Path| path.to_str().expect("utf-8").to_string();
+    crate::align::align(&[
+        "-i",
+        &s(&p("traj.jsonl.zst")),
+        "-o",
+        &s(&p("samples.jsonl.zst")),
+        "--stats",
+        &s(&p("stats.jsonl.zst")),
+        "--model",
+        &s(&dir),
+    ]);
+    let stats = crate::align::total(&p("stats.jsonl.zst"));
+    assert_eq!(
+        (
+            stats.aligned_turns,
+            stats.dropped_turns,
+            stats.samples,
+            stats.token_exact_samples
+        ),
+        (4, 0, 2, 2),
+        "{stats:?}"
+    );
+    assert_eq!(stats.threads, 1, "{stats:?}");
+    assert_eq!(
+        stats.segment_breaks,
+        [("prompt_not_token_continuation".to_string(), 1)].into(),
+        "{stats:?}"
+    );
+    assert_eq!(stats.malformed_tool_calls, 1, "{stats:?}");
+    assert_eq!(stats.tool_call_mismatches, 0, "{stats:?}");
+    let samples: Vec<Sample> = read(&p("samples.jsonl.zst"));
+    crate::align::assert_trainer_reproduces_rollout(&dir, &samples, &p("step-1"), stats.policy_tokens);
+}
+
+/// `LEGO_RL_MODEL` picks the demo's policy and the scripted outputs in its chat format (the full
+/// demo is the loop `two_steps_of_the_loop_on_the_tiny_model` runs; this only checks the choice).
+#[test]
+fn demo_honours_lego_rl_model() {
+    let demo = |model: Option<&str>| {
+        let mut c = Command::new(root().join("scripts/demo.sh"));
+        c.arg("--dry-run").env_remove("LEGO_RL_FORCED");
+        match model {
+            Some(m) => c.env("LEGO_RL_MODEL", m),
+            None => c.env_remove("LEGO_RL_MODEL"),
+        };
+        let out = c.output().expect("demo.sh runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let gen = root().join("testdata/models/generated");
+    let (code, err) = demo(None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("model {}", gen.join("tiny-qwen3-moe").display())),
+        "{err}"
+    );
+    assert!(err.contains("testdata/rollout/inflection.json"), "{err}");
+    let (code, err) = demo(Some("tiny-qwen3.5-moe"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(&format!("model {}", gen.join("tiny-qwen3.5-moe").display())),
+        "{err}"
+    );
+    assert!(err.contains("testdata/rollout/inflection-qwen3.5.json"), "{err}");
+    let (code, err) = demo(Some("qwen9"));
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("LEGO_RL_MODEL=qwen9") && err.contains("tiny-qwen3.5-moe"),
+        "{err}"
+    );
 }
