@@ -365,7 +365,9 @@ fn memory_plan(
     let spec = PlanSpec {
         world_size: world,
         expert_parallel: args.expert_parallel,
-        zero: args.zero.map_or(world > 1 && args.expert_parallel <= 1, |z| z == 1),
+        zero: args
+            .zero
+            .map_or(world > 1 && args.expert_parallel <= 1, |z| z == 1),
         dtype,
         micro_batch_tokens: args.micro_batch_tokens.max(1) as u64,
         activation_checkpointing: args.activation_checkpointing,
