@@ -222,13 +222,40 @@ fn train_step(ckpt: &Path, input: &Path, out: &Path, extra: &[&str]) -> StepMetr
     read_metrics(&metrics).remove(0)
 }
 
-/// Every var of two checkpoints, loaded (any layout, any sharding) at EP=1.
+/// A checkpoint's vars (loaded at EP=1) with fused experts split into per-expert names, so that
+/// checkpoints in either layout compare tensor by tensor.
+fn per_expert_vars(dir: &Path) -> Vec<(String, Tensor)> {
+    let m = Model::load(dir, Device::Cpu, None).unwrap();
+    let inter = m.cfg().moe_intermediate_size;
+    let mut out = Vec::new();
+    for (name, t) in m.named_variables() {
+        if let Some(p) = name.strip_suffix(".experts.gate_up_proj") {
+            for e in 0..t.size()[0] {
+                let gu = t.get(e);
+                out.push((
+                    format!("{p}.experts.{e}.gate_proj.weight"),
+                    gu.narrow(0, 0, inter),
+                ));
+                out.push((
+                    format!("{p}.experts.{e}.up_proj.weight"),
+                    gu.narrow(0, inter, inter),
+                ));
+            }
+        } else if let Some(p) = name.strip_suffix(".experts.down_proj") {
+            for e in 0..t.size()[0] {
+                out.push((format!("{p}.experts.{e}.down_proj.weight"), t.get(e)));
+            }
+        } else {
+            out.push((name, t));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Max |Δ| over every tensor of two checkpoints (any layout, any sharding).
 fn max_weight_diff(a: &Path, b: &Path) -> f64 {
-    let (a, b) = (
-        Model::load(a, Device::Cpu, None).unwrap(),
-        Model::load(b, Device::Cpu, None).unwrap(),
-    );
-    let (va, vb) = (a.named_variables(), b.named_variables());
+    let (va, vb) = (per_expert_vars(a), per_expert_vars(b));
     assert_eq!(va.len(), vb.len());
     va.iter()
         .zip(&vb)
