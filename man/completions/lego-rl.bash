@@ -647,7 +647,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__train__subcmd__step)
-            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --replay --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --replay --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --expert-parallel --plan --device-memory --world-size --format --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -767,6 +767,22 @@ _lego__rl() {
                     ;;
                 --bucket-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --expert-parallel)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --device-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --world-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
                     return 0
                     ;;
                 *)

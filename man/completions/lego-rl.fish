@@ -144,7 +144,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -l strict -d 'Fai
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand align" -s V -l version -d 'Print version'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s i -l input -d 'Samples (zstd JSONL)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l checkpoint -d 'Checkpoint to start from (Hugging Face layout)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l checkpoint -d 'Checkpoint to start from (Hugging Face layout); for --plan, its config.json is enough' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l out -d 'Directory of the new checkpoint (must not exist, or be empty)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l metrics -d 'Step-metrics file to append one record to' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l device -d 'cpu, cuda or cuda:N' -r
@@ -176,7 +176,13 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l dist-time
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l dist-backend -d 'c10d backend; default: nccl with --device cuda, else gloo' -r -f -a "gloo\t'CPU tensors (and the only one tested in CI)'
 nccl\t'CUDA tensors, one GPU per rank (needs the `nccl` cargo feature)'"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l bucket-mb -d 'Size of one gradient bucket (one all-reduce or reduce-scatter), in MiB of fp32' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l expert-parallel -d 'Expert parallelism: each of E ranks holds num_experts/E experts of every MoE layer (E divides the world size and the expert count)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l device-memory -d 'Memory of one device (141GiB, 80GB, ...): the plan\'s fit; without --plan, a step that would not fit stops before loading weights, with the plan in the error' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l world-size -d 'Ranks the plan is for; default: WORLD_SIZE, else SLURM_NTASKS, else --nproc-per-node, else 1' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l format -d 'How --plan prints' -r -f -a "table\t''
+json\t''"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l activation-checkpointing -d 'Recompute each layer\'s activations in the backward pass (per-layer activation checkpointing): activation memory of one layer instead of all, for one more forward pass'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l plan -d 'Print this step\'s memory per rank (weights, gradients, optimizer state, activations) and exit, without compute, weights or a device (--checkpoint may be a config.json): exit 0 when it fits --device-memory (or that is not given), 1 when not'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
