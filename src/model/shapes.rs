@@ -253,8 +253,8 @@ pub fn checkpoint_extras(raw: &Value, cfg: &Config) -> Vec<ParamSpec> {
 }
 
 /// The Qwen3-VL vision encoder of a Qwen3.5 checkpoint (`model.visual.*`): patch embedding,
-/// learned position embedding, `depth` pre-LayerNorm ViT blocks, the patch merger and one
-/// "deepstack" merger per `deepstack_visual_indexes` entry.
+/// learned position embedding, `depth` pre-LayerNorm ViT blocks and the patch merger, as
+/// transformers' `Qwen3_5MoeVisionModel` builds them (tests/it/plan.rs compares).
 fn vision_tower(vc: &Value) -> Vec<ParamSpec> {
     let get = |k: &str, default: i64| vc.get(k).and_then(Value::as_i64).unwrap_or(default);
     let (h, inter, depth) = (
@@ -298,18 +298,13 @@ fn vision_tower(vc: &Value) -> Vec<ParamSpec> {
         linear(&mut s, format!("{q}.mlp.linear_fc1"), inter, h);
         linear(&mut s, format!("{q}.mlp.linear_fc2"), h, inter);
     }
-    let deepstack = vc
-        .get("deepstack_visual_indexes")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
-    let mergers = std::iter::once((format!("{p}.merger"), h))
-        .chain((0..deepstack).map(|j| (format!("{p}.deepstack_merger_list.{j}"), merged)));
-    for (q, norm_dim) in mergers {
-        s.add(format!("{q}.norm.weight"), &[norm_dim], r);
-        s.add(format!("{q}.norm.bias"), &[norm_dim], r);
-        linear(&mut s, format!("{q}.linear_fc1"), merged, merged);
-        linear(&mut s, format!("{q}.linear_fc2"), out, merged);
-    }
+    // Qwen3.5's encoder has no "deepstack" mergers (transformers builds none whatever
+    // `deepstack_visual_indexes` says): one merger.
+    let q = format!("{p}.merger");
+    s.add(format!("{q}.norm.weight"), &[h], r);
+    s.add(format!("{q}.norm.bias"), &[h], r);
+    linear(&mut s, format!("{q}.linear_fc1"), merged, merged);
+    linear(&mut s, format!("{q}.linear_fc2"), out, merged);
     s.0
 }
 
