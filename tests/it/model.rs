@@ -371,11 +371,23 @@ fn missing_tensor_is_named() {
 
 /// Adds `scale`·N(0,1) (seeded) to every router weight.
 pub fn perturb_routers(model: &Model, scale: f64) {
-    tch::manual_seed(7);
+    use rand::{Rng, SeedableRng};
+    // Own seeded generator (Box–Muller normals), not libtorch's global one: tests run in parallel
+    // threads, and another test drawing from or seeding the global generator between
+    // `manual_seed` and `randn_like` made the noise, and so the figures, vary from run to run.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let _g = tch::no_grad_guard();
     for (name, mut t) in model.named_variables() {
         if name.ends_with("mlp.gate.weight") {
-            let noise = t.randn_like() * scale;
+            let normals: Vec<f32> = (0..t.numel())
+                .map(|_| {
+                    let (u1, u2): (f64, f64) = (1.0 - rng.gen::<f64>(), rng.gen());
+                    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * scale) as f32
+                })
+                .collect();
+            let noise = tch::Tensor::from_slice(&normals)
+                .reshape(t.size())
+                .to_kind(t.kind());
             let _ = t.g_add_(&noise);
         }
     }
