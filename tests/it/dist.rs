@@ -20,18 +20,20 @@ pub fn free_port() -> u16 {
 
 /// Starts `world` ranks of [`worker`] in `mode`; returns them once all have ended.
 fn ranks(world: usize, mode: &str) -> Vec<Output> {
+    start_ranks("dist::worker", MODE, world, mode)
+}
+
+/// Starts `world` copies of this test binary on the ignored test `worker` (its full name) with
+/// `mode_var=mode`, one thread each and `RANK`/`WORLD_SIZE`/`MASTER_*` set for a fresh local
+/// store; returns them once all have ended.
+pub fn start_ranks(worker: &str, mode_var: &str, world: usize, mode: &str) -> Vec<Output> {
     let port = free_port().to_string();
     let children: Vec<_> = (0..world)
         .map(|r| {
             Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "dist::worker",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(MODE, mode)
+                .args(["--exact", worker, "--ignored", "--nocapture", "--test-threads=1"])
+                .env(mode_var, mode)
+                .env("OMP_NUM_THREADS", "1")
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", world.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
@@ -48,7 +50,7 @@ fn ranks(world: usize, mode: &str) -> Vec<Output> {
         .collect()
 }
 
-fn f32s(t: &Tensor) -> Vec<f32> {
+pub fn f32s(t: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(t.reshape([-1])).unwrap()
 }
 
@@ -144,7 +146,7 @@ fn worker() {
     }
 }
 
-fn stdout(o: &Output) -> String {
+pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 

@@ -19,7 +19,7 @@ use lego_rl::records::{Packed, Sample, StepMetrics};
 use tch::{Device, Kind, Tensor};
 
 use crate::common::{lego, python, root};
-use crate::dist::free_port;
+use crate::dist::{f32s, free_port, start_ranks, stdout};
 use crate::model::{seq_logprobs, tiny_moe};
 use crate::train::{moe_samples, read_metrics, write_samples};
 
@@ -27,37 +27,7 @@ const MODE: &str = "LEGO_RL_TEST_DIST_EP";
 
 /// Starts `world` ranks of [`worker`] in `mode`; returns them once all have ended.
 fn ranks(world: usize, mode: &str) -> Vec<Output> {
-    let port = free_port().to_string();
-    let children: Vec<_> = (0..world)
-        .map(|r| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "dist_ep::worker",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(MODE, mode)
-                .env("OMP_NUM_THREADS", "1")
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
-}
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(t.reshape([-1])).unwrap()
+    start_ranks("dist_ep::worker", MODE, world, mode)
 }
 
 /// Rows `[n, 2]` valued `100·rank + row`.
@@ -147,10 +117,6 @@ fn worker() {
         }
         other => panic!("unknown {MODE} {other}"),
     }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[test]
