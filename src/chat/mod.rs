@@ -35,6 +35,7 @@ pub mod pyjson;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod tool_schema;
 pub mod xml_call;
 
 use std::path::{Path, PathBuf};

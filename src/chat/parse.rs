@@ -10,8 +10,8 @@
 //! `</think>`; reasoning is stripped of surrounding newlines, text of surrounding whitespace (as the
 //! Qwen3 template re-renders them). A tool call is emitted whole once `</tool_call>` arrives; a call
 //! that does not parse is returned as text and counted in [`ParsedOutput::malformed_tool_calls`]
-//! (XML calls are held to the template's exact shape and the request's tool schemas:
-//! [`super::xml_call`]).
+//! (XML calls are held to the template's exact shape, [`super::xml_call`]; calls of both syntaxes
+//! to the request's declared tools and their schemas, [`super::tool_schema`]).
 //! Tool-call ids are `call_` + 24 hex digits of sha256(trial, generation, call index): stable, so
 //! alignment can link a later request's echoed call to the generation that made it.
 
@@ -206,8 +206,8 @@ impl StreamParser {
         }
     }
 
-    /// The request's tools: XML calls (Qwen3-Coder, Qwen3.5) are checked against them and their
-    /// parameters typed by their JSON schemas (see [`super::xml_call`] for what is rejected).
+    /// The request's tools: calls are checked against them (see [`super::tool_schema`] for what
+    /// is rejected), and the parameters of XML calls (Qwen3-Coder, Qwen3.5) typed by their schemas.
     pub fn with_tools(mut self, tools: &[ToolSpec]) -> Self {
         self.tools = tools.to_vec();
         self
@@ -349,7 +349,16 @@ impl StreamParser {
 
     fn parse_call(&self, body: &str) -> Option<(String, String)> {
         match self.format {
-            ToolCallFormat::Json => parse_json_call(body),
+            ToolCallFormat::Json => {
+                let (name, arguments) = parse_json_call(body)?;
+                match super::tool_schema::check_json_call(&name, &arguments, &self.tools) {
+                    Ok(()) => Some((name, arguments)),
+                    Err(reason) => {
+                        tracing::debug!("rejected a JSON tool call: {reason}");
+                        None
+                    }
+                }
+            }
             ToolCallFormat::Xml => match super::xml_call::parse(body, &self.tools) {
                 Ok(call) => Some(call),
                 Err(reason) => {

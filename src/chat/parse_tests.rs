@@ -472,3 +472,89 @@ fn qwen35_rejects_what_the_request_did_not_declare_and_counts_it() {
         .parse_all(&xml_call("python", &[("line", "12")]));
     assert_eq!(p.tool_calls[0].arguments, r#"{"line":"12"}"#);
 }
+
+#[test]
+fn qwen3_json_calls_are_held_to_the_declared_tools() {
+    // Before: only XML calls were checked; a Qwen3 JSON call to an undeclared function reached
+    // the harness as a call it never offered.
+    use super::super::tool_schema::check_json_call;
+    use super::super::xml_call::Reject;
+    let tools = qwen35_tools();
+    let bad = |ty: &str, name: &str| Reject::BadValue {
+        name: name.into(),
+        ty: ty.into(),
+    };
+    let cases: Vec<(&str, &str, Reject)> = vec![
+        (
+            "python",
+            r#"{"code": "1"}"#,
+            Reject::UnknownFunction("python".into()),
+        ),
+        ("bash", r#"{"cmd": "ls"}"#, Reject::UnknownParameter("cmd".into())),
+        (
+            "edit",
+            r#"{"path": "x", "line": 1, "mode": "w"}"#,
+            Reject::UnknownParameter("mode".into()),
+        ),
+        (
+            "edit",
+            r#"{"path": "x"}"#,
+            Reject::MissingParameter("line".into()),
+        ),
+        ("bash", "{}", Reject::MissingParameter("command".into())),
+        (
+            "edit",
+            r#"{"path": "x", "line": "12"}"#,
+            bad("\"integer\"", "line"),
+        ),
+        (
+            "edit",
+            r#"{"path": "x", "line": 1.5}"#,
+            bad("\"integer\"", "line"),
+        ),
+        ("edit", r#"{"path": 3, "line": 1}"#, bad("\"string\"", "path")),
+        (
+            "edit",
+            r#"{"path": "x", "line": 1, "dry": "yes"}"#,
+            bad("\"boolean\"", "dry"),
+        ),
+        (
+            "edit",
+            r#"{"path": "x", "line": null}"#,
+            bad("\"integer\"", "line"),
+        ),
+        ("bash", r#"["ls"]"#, Reject::NotAnObject),
+        ("bash", r#""ls""#, Reject::NotAnObject),
+    ];
+    for (name, args, want) in &cases {
+        assert_eq!(
+            check_json_call(name, args, &tools).unwrap_err(),
+            *want,
+            "{name} {args}"
+        );
+        // Through the parser: returned as text, counted, the good call beside it kept.
+        let out = format!(
+            "<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>\n\
+             <tool_call>\n{{\"name\": \"bash\", \"arguments\": {{\"command\": \"ls\"}}}}\n</tool_call>"
+        );
+        let p = json_parser().with_tools(&tools).parse_all(&out);
+        assert_eq!((p.malformed_tool_calls, p.tool_calls.len()), (1, 1), "{out}");
+        assert!(
+            p.content.contains(&format!("\"name\": \"{name}\"")),
+            "{:?}",
+            p.content
+        );
+    }
+    // What the schemas allow passes, arguments kept exactly as the model wrote them.
+    let ok = r#"{"path": "x.py", "line": 12, "ratio": 1, "dry": false, "tags": [], "note": null}"#;
+    check_json_call("edit", ok, &tools).unwrap();
+    let p = json_parser().with_tools(&tools).parse_all(&format!(
+        "<tool_call>\n{{\"name\": \"edit\", \"arguments\": {ok}}}\n</tool_call>"
+    ));
+    assert_eq!(
+        (p.malformed_tool_calls, p.tool_calls[0].arguments.as_str()),
+        (0, ok)
+    );
+    // Without declared tools nothing is checked.
+    check_json_call("python", r#"["anything"]"#, &[]).unwrap();
+}

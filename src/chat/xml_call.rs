@@ -26,6 +26,7 @@
 use serde_json::{Map, Value};
 
 use super::message::ToolSpec;
+use super::tool_schema::{split_type, ArgSchema};
 
 /// Why an XML tool call was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +53,8 @@ pub enum Reject {
     UnterminatedFunction,
     #[error("text between or after the tags")]
     StrayText,
+    #[error("the arguments are not a JSON object")]
+    NotAnObject,
 }
 
 /// `<function=NAME><parameter=P>V</parameter>…</function>` → (name, compact JSON arguments in
@@ -63,20 +66,7 @@ pub fn parse(body: &str, tools: &[ToolSpec]) -> Result<(String, String), Reject>
         .ok_or(Reject::NoFunction)?;
     let (name, r) = tag_name(rest, "function")?;
     rest = r;
-    let tool = match tools.iter().find(|t| t.name == name) {
-        Some(t) => Some(t),
-        None if tools.is_empty() => None,
-        None => return Err(Reject::UnknownFunction(name)),
-    };
-    let schema = tool.map(|t| &t.parameters);
-    let properties = schema
-        .and_then(|s| s.get("properties"))
-        .and_then(Value::as_object);
-    let open_schema = schema.is_none_or(|s| {
-        properties.is_none()
-            || s.get("additionalProperties")
-                .is_some_and(|a| a != &Value::Bool(false))
-    });
+    let schema = ArgSchema::of(&name, tools)?;
     let mut args = Map::new();
     loop {
         rest = rest.trim_start();
@@ -96,31 +86,17 @@ pub fn parse(body: &str, tools: &[ToolSpec]) -> Result<(String, String), Reject>
         let raw = r[..close].strip_prefix('\n').unwrap_or(&r[..close]);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
         rest = &r[close + "</parameter>".len()..];
-        let prop = properties.and_then(|p| p.get(&pname));
-        if prop.is_none() && !open_schema {
-            return Err(Reject::UnknownParameter(pname));
-        }
+        let ty = schema.param_type(&pname)?;
         if args.contains_key(&pname) {
             return Err(Reject::DuplicateParameter(pname));
         }
-        let value = typed_value(raw, prop.and_then(|p| p.get("type"))).ok_or_else(|| Reject::BadValue {
-            ty: prop
-                .and_then(|p| p.get("type"))
-                .map(Value::to_string)
-                .unwrap_or_default(),
+        let value = typed_value(raw, ty).ok_or_else(|| Reject::BadValue {
+            ty: ty.map(Value::to_string).unwrap_or_default(),
             name: pname.clone(),
         })?;
         args.insert(pname, value);
     }
-    let required = schema.and_then(|s| s.get("required")).and_then(Value::as_array);
-    if let Some(missing) = required
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .find(|r| !args.contains_key(*r))
-    {
-        return Err(Reject::MissingParameter(missing.to_string()));
-    }
+    schema.check_required(&args)?;
     Ok((name, Value::Object(args).to_string()))
 }
 
@@ -138,14 +114,7 @@ fn tag_name<'a>(s: &'a str, kind: &'static str) -> Result<(String, &'a str), Rej
 /// `raw` as the schema's type; `None` when it is not one. Untyped and string parameters keep the
 /// text as it is.
 fn typed_value(raw: &str, ty: Option<&Value>) -> Option<Value> {
-    let (ty, nullable) = match ty {
-        Some(Value::String(t)) => (Some(t.as_str()), t == "null"),
-        Some(Value::Array(ts)) => (
-            ts.iter().filter_map(Value::as_str).find(|t| *t != "null"),
-            ts.iter().any(|t| t == "null"),
-        ),
-        _ => (None, false),
-    };
+    let (ty, nullable) = split_type(ty);
     let text = raw.trim();
     if matches!(text, "null" | "None") && (nullable || !matches!(ty, None | Some("string"))) {
         return Some(Value::Null);
