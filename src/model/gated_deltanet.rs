@@ -74,21 +74,56 @@ pub struct GatedDeltaNet {
     kernel: i64,
 }
 
-impl GatedDeltaNet {
-    /// Creates the vars under `<p>` (= `model.layers.N.linear_attn`), initialised like transformers.
-    pub fn new(p: &nn::Path, cfg: &Config) -> Self {
+/// The sizes of a Gated DeltaNet layer's projections, from the config (also the parameter shapes
+/// `train-step --plan` counts, [`super::shapes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearDims {
+    pub k_heads: i64,
+    pub v_heads: i64,
+    pub k_dim: i64,
+    pub v_dim: i64,
+    /// `k_heads × k_dim`.
+    pub key_dim: i64,
+    /// `v_heads × v_dim`.
+    pub value_dim: i64,
+    /// Channels of the conv: `[q | k | v]`, `2 × key_dim + value_dim`.
+    pub conv_dim: i64,
+    /// Rows of the fused `in_proj_qkvz`: `2 × key_dim + 2 × value_dim`.
+    pub qkvz_dim: i64,
+}
+
+impl LinearDims {
+    pub fn of(cfg: &Config) -> Self {
         let (nk, nv, dk, dv) = (
             cfg.linear_num_key_heads,
             cfg.linear_num_value_heads,
             cfg.linear_key_head_dim,
             cfg.linear_value_head_dim,
         );
-        let h = cfg.hidden_size;
         let (key_dim, value_dim) = (nk * dk, nv * dv);
-        let conv_dim = 2 * key_dim + value_dim;
+        LinearDims {
+            k_heads: nk,
+            v_heads: nv,
+            k_dim: dk,
+            v_dim: dv,
+            key_dim,
+            value_dim,
+            conv_dim: 2 * key_dim + value_dim,
+            qkvz_dim: 2 * key_dim + 2 * value_dim,
+        }
+    }
+}
+
+impl GatedDeltaNet {
+    /// Creates the vars under `<p>` (= `model.layers.N.linear_attn`), initialised like transformers.
+    pub fn new(p: &nn::Path, cfg: &Config) -> Self {
+        let d = LinearDims::of(cfg);
+        let (nk, nv, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+        let (value_dim, conv_dim) = (d.value_dim, d.conv_dim);
+        let h = cfg.hidden_size;
         let proj = if cfg.fused_linear_proj {
             Proj::Grouped {
-                qkvz: weight(&(p / "in_proj_qkvz"), 2 * key_dim + 2 * value_dim, h),
+                qkvz: weight(&(p / "in_proj_qkvz"), d.qkvz_dim, h),
                 ba: weight(&(p / "in_proj_ba"), 2 * nv, h),
             }
         } else {

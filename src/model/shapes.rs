@@ -109,22 +109,12 @@ impl Specs {
 
     /// `GatedDeltaNet::new` under `<p>` (= `...linear_attn`).
     fn linear_attention(&mut self, p: &str, cfg: &Config) {
-        let (nk, nv, dk, dv) = (
-            cfg.linear_num_key_heads,
-            cfg.linear_num_value_heads,
-            cfg.linear_key_head_dim,
-            cfg.linear_value_head_dim,
-        );
+        let d = super::gated_deltanet::LinearDims::of(cfg);
+        let (nv, dv, value_dim, conv_dim) = (d.v_heads, d.v_dim, d.value_dim, d.conv_dim);
         let h = cfg.hidden_size;
-        let (key_dim, value_dim) = (nk * dk, nv * dv);
-        let conv_dim = 2 * key_dim + value_dim;
         let r = ParamRole::LinearAttention;
         if cfg.fused_linear_proj {
-            self.add(
-                format!("{p}.in_proj_qkvz.weight"),
-                &[2 * key_dim + 2 * value_dim, h],
-                r,
-            );
+            self.add(format!("{p}.in_proj_qkvz.weight"), &[d.qkvz_dim, h], r);
             self.add(format!("{p}.in_proj_ba.weight"), &[2 * nv, h], r);
         } else {
             self.add(format!("{p}.in_proj_qkv.weight"), &[conv_dim, h], r);

@@ -13,7 +13,7 @@
 pub mod batch;
 pub mod expert;
 pub mod gspo;
-mod metrics;
+pub mod metrics;
 pub mod optim;
 pub mod plan;
 mod save;

@@ -112,14 +112,9 @@ fn hybrid_packed_sequences_equal_separate_forwards() {
     }
 }
 
-/// Pearson correlation of two equally long series.
+/// Pearson correlation of two equally long series (the metrics' own; NaN without variance).
 pub fn pearson(a: &[f64], b: &[f64]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
-    let cov: f64 = a.iter().zip(b).map(|(x, y)| (x - ma) * (y - mb)).sum();
-    let va: f64 = a.iter().map(|x| (x - ma).powi(2)).sum();
-    let vb: f64 = b.iter().map(|y| (y - mb).powi(2)).sum();
-    cov / (va * vb).sqrt()
+    lego_rl::train::metrics::pearson(a, b).unwrap_or(f64::NAN)
 }
 
 /// Generates `steps` tokens for two sequences at once as the engine does (chunked prefill, then
