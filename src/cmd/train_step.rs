@@ -134,7 +134,7 @@ pub struct TrainStepArgs {
     /// ZeRO stage: 1 = each rank keeps the AdamW moments of 1/N of the parameters (gradients
     /// reduce-scatter, updated parameters all-gather); 0 = every rank keeps all (gradients
     /// all-reduce). Default: 1 on many ranks, 0 in one process. Resuming ZeRO-1 state needs the
-    /// same world size.
+    /// same world size (and --expert-parallel).
     #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(0..=1), help_heading = "Distributed")]
     pub zero: Option<u8>,
     /// Seconds any rendezvous or collective may wait for the other ranks; a rank that died or
@@ -159,7 +159,8 @@ pub struct TrainStepArgs {
     /// back weighted by gates from their own rank's router, so the update equals one process's.
     /// Expert gradients are summed over the ranks holding the same experts (ranks r, r+E, ...);
     /// everything else stays data parallel. The checkpoint is written as sharded safetensors,
-    /// each expert once. Not combined with --zero 1 (the default becomes 0).
+    /// each expert once. With --zero 1 the experts' moments are sharded over the ranks holding
+    /// the same experts, the rest over the world.
     ///
     ///   lego-rl train-step --nproc-per-node 8 --expert-parallel 8 --device cuda --checkpoint ...
     #[arg(long, value_name = "E", default_value_t = 1, help_heading = "Distributed")]
@@ -251,9 +252,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         tis_cap: args.tis_cap,
         adv_eps: 1e-6,
         freeze: args.freeze.clone(),
-        zero: args
-            .zero
-            .map_or(pg.world_size() > 1 && args.expert_parallel <= 1, |z| z == 1),
+        zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
         bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
         replay: args.replay == Replay::On,
         optim: AdamWConfig {
@@ -267,13 +266,6 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         },
     };
     anyhow::ensure!(args.expert_parallel >= 1, "--expert-parallel 0: need at least 1");
-    if args.expert_parallel > 1 && settings.zero {
-        anyhow::bail!(
-            "--zero 1 with --expert-parallel {}: not supported (ZeRO-1 buckets span the whole world, \
-             expert parameters differ between ranks); use --zero 0",
-            args.expert_parallel
-        );
-    }
     check_out(&out)?;
     // A family the model code does not implement is refused before any sample is read.
     let cfg = crate::model::Config::from_file(&args.checkpoint.join("config.json"))
@@ -365,9 +357,7 @@ fn memory_plan(
     let spec = PlanSpec {
         world_size: world,
         expert_parallel: args.expert_parallel,
-        zero: args
-            .zero
-            .map_or(world > 1 && args.expert_parallel <= 1, |z| z == 1),
+        zero: args.zero.map_or(world > 1, |z| z == 1),
         dtype,
         micro_batch_tokens: args.micro_batch_tokens.max(1) as u64,
         activation_checkpointing: args.activation_checkpointing,

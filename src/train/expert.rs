@@ -6,8 +6,9 @@
 //! contribution reaches its expert's gradient on the owner rank exactly once, so with the same
 //! per-token coefficients (normalised over the whole batch) the sums equal one process's.
 //!
-//! ZeRO-1 with expert parallelism is refused (`train-step` says so): its buckets are laid out
-//! over the world, and expert parameters differ between the ranks of a group.
+//! With ZeRO-1 the dense gradients are reduce-scattered over the world and the expert gradients
+//! over the expert data-parallel group, each rank updating its chunk of both
+//! ([`super::zero`]); the global norm is one all-reduce of every rank's chunk squares.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tch::{Device, Kind, Tensor};
 use super::optim::AdamW;
 use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares};
 use super::trainer::{Settings, Trainer};
+use super::zero::{self, ZeroAdamW};
 use super::TrainError;
 use crate::dist::{ExpertGroups, ProcessGroup, ReduceOp};
 use crate::model::{ExpertComm, ExpertShard, Model};
@@ -28,6 +30,9 @@ pub struct ExpertParallel {
     pub comm: Arc<ExpertComm>,
     /// The ranks holding the same experts as this one.
     pub expert_dp: ProcessGroup,
+    /// Under ZeRO-1: this rank's share of its experts' moments, sharded over `expert_dp` (the
+    /// trainer's own ZeRO state then holds the dense parameters'), laid out at the first step.
+    pub zero: Option<ZeroAdamW>,
 }
 
 impl ExpertParallel {
@@ -63,6 +68,7 @@ impl Trainer {
         t.expert = Some(ExpertParallel {
             comm,
             expert_dp: groups.expert_dp,
+            zero: None,
         });
         t.restrict_moments(shard);
         Ok(t)
@@ -156,15 +162,46 @@ impl Trainer {
     ) -> Result<(f64, f64), TrainError> {
         let ep = self
             .expert
-            .as_ref()
+            .as_mut()
             .expect("invariant: called under expert parallelism");
-        let (experts, dense): (Vec<_>, Vec<_>) = params
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .partition(|(n, _)| is_expert_param(n));
+        let (experts, dense) = split_experts(params);
         let _g = tch::no_grad_guard();
         let dense_defined = defined_anywhere(pg, &dense)?;
         let expert_defined = defined_anywhere(&ep.expert_dp, &experts)?;
+        let clip = |norm: f64| {
+            if !norm.is_finite() {
+                return Err(TrainError::NonFinite {
+                    what: "gradient norm",
+                    value: norm,
+                });
+            }
+            Ok((s.max_grad_norm > 0.0 && norm > s.max_grad_norm).then(|| s.max_grad_norm / (norm + 1e-6)))
+        };
+        if let (Some(dz), Some(ez)) = (&mut self.zero, &mut ep.zero) {
+            let mut chunks = dz.reduce_scatter(&dense, &dense_defined, pg)?;
+            let mut expert_chunks = ez.reduce_scatter(&experts, &expert_defined, &ep.expert_dp)?;
+            // Every rank's chunks are disjoint pieces of the summed gradients and together
+            // cover each dense parameter once and each expert once: one all-reduce gives ‖g‖².
+            let local = sum_squares(&chunks) + sum_squares(&expert_chunks);
+            let norm = sum_scalars(pg, &[local], "gradient norm")?[0].sqrt();
+            if let Some(scale) = clip(norm)? {
+                for c in chunks.iter_mut().chain(&mut expert_chunks) {
+                    let _ = c.g_mul_scalar_(scale);
+                }
+            }
+            let (lr, bc) = self.opt.advance(&s.optim);
+            dz.step(&dense, &dense_defined, &chunks, lr, bc, &s.optim, pg)?;
+            ez.step(
+                &experts,
+                &expert_defined,
+                &expert_chunks,
+                lr,
+                bc,
+                &s.optim,
+                &ep.expert_dp,
+            )?;
+            return Ok((norm, lr));
+        }
         let mut dense_grads = all_reduce_grads(pg, &dense, &dense_defined, s.bucket_elems)?;
         let mut expert_grads = all_reduce_grads(&ep.expert_dp, &experts, &expert_defined, s.bucket_elems)?;
         // ‖g‖² = the dense part (the same on every rank) + every expert's once: the sum of the
@@ -172,14 +209,7 @@ impl Trainer {
         let local = sum_squares(expert_grads.iter().flatten());
         let experts_sq = sum_scalars(&ep.comm.group, &[local], "expert gradient norm")?[0];
         let norm = (sum_squares(dense_grads.iter().flatten()) + experts_sq).sqrt();
-        if !norm.is_finite() {
-            return Err(TrainError::NonFinite {
-                what: "gradient norm",
-                value: norm,
-            });
-        }
-        if s.max_grad_norm > 0.0 && norm > s.max_grad_norm {
-            let scale = s.max_grad_norm / (norm + 1e-6);
+        if let Some(scale) = clip(norm)? {
             for g in dense_grads.iter_mut().chain(expert_grads.iter_mut()).flatten() {
                 let _ = g.g_mul_scalar_(scale);
             }
@@ -191,17 +221,82 @@ impl Trainer {
         Ok((norm, self.opt.step_grads(&s.optim, &all, &grads)))
     }
 
+    /// Under ZeRO-1: lays out the dense parameters' state over the world and this rank's
+    /// experts' over its expert data-parallel group, loading them from the checkpoint when it
+    /// was saved so, else re-sharding the full moments it had.
+    pub(super) fn prepare_zero_ep(
+        &mut self,
+        params: &[(String, Tensor)],
+        s: &Settings,
+        pg: &ProcessGroup,
+    ) -> Result<(), TrainError> {
+        let ep = self
+            .expert
+            .as_mut()
+            .expect("invariant: called under expert parallelism");
+        let (experts, dense) = split_experts(params);
+        let e = ep.size();
+        let mut dz = ZeroAdamW::new(&dense, pg, s.bucket_elems).with_expert_parallel(e);
+        let mut ez = ZeroAdamW::new(&experts, &ep.expert_dp, s.bucket_elems).with_expert_parallel(e);
+        match &self.source {
+            Some(dir) if self.zero_saved.is_some() => {
+                dz.load(dir, pg.rank())?;
+                let folder = zero::expert_folder(dir, ep.comm.group.rank(), e);
+                ez.load_from(&folder, ep.expert_dp.rank())?;
+            }
+            _ if self.opt.has_moments() => {
+                dz.reshard_from(&self.opt, &dense, pg.rank());
+                ez.reshard_from(&self.opt, &experts, ep.expert_dp.rank());
+                self.opt.clear_moments();
+            }
+            _ => {}
+        }
+        self.zero = Some(dz);
+        ep.zero = Some(ez);
+        Ok(())
+    }
+
     /// Writes this rank's expert moments (`optimizer-ep-RRRRR-of-EEEEE.safetensors`; rank 0
-    /// writes the others in `optimizer.safetensors` and the step counter).
+    /// writes the others in `optimizer.safetensors` and the step counter). Under ZeRO-1 the
+    /// moments are in the ZeRO shards and rank 0 writes the counter only.
     pub(super) fn save_expert_optimizer(&self, dir: &Path, lead: bool) -> Result<(), TrainError> {
         let ep = self
             .expert
             .as_ref()
             .expect("invariant: called under expert parallelism");
+        if ep.zero.is_some() {
+            return if lead { self.opt.save_counter(dir) } else { Ok(()) };
+        }
         let (r, n) = (ep.comm.group.rank(), ep.size());
         let file = dir.join(expert_optimizer_file(r, n));
         self.opt.save_filtered(dir, &file, lead, is_expert_param)
     }
+
+    /// Every rank's share of its experts' ZeRO-1 state, into [`zero::expert_folder`] of `dir`.
+    pub(super) fn save_expert_zero(&self, dir: &Path) -> Result<(), TrainError> {
+        match &self.expert {
+            Some(ExpertParallel {
+                zero: Some(z),
+                comm,
+                expert_dp,
+            }) => z.save_in(
+                &zero::expert_folder(dir, comm.group.rank(), comm.group.world_size()),
+                expert_dp.rank(),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Named parameters, in the order the optimizer lays them out.
+type Params = Vec<(String, Tensor)>;
+
+/// `params` split into (routed experts, everything else), each in the order given.
+fn split_experts(params: &[(String, Tensor)]) -> (Params, Params) {
+    params
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .partition(|(n, _)| is_expert_param(n))
 }
 
 /// The optimizer file of expert-parallel rank `r` of `n`.

@@ -157,11 +157,6 @@ pub fn plan(cfg: &Config, spec: &PlanSpec) -> Result<Plan, PlanError> {
     if ep == 0 {
         return Err(ep_err("need at least 1".into()));
     }
-    if ep > 1 && spec.zero {
-        // train-step refuses the combination too: ZeRO-1's buckets span the whole world, and
-        // expert parameters differ between the ranks of an expert-parallel group.
-        return Err(ep_err("not supported with --zero 1 (use --zero 0)".into()));
-    }
     if w % ep != 0 {
         return Err(ep_err(format!("does not divide the world size {w}")));
     }

@@ -1,6 +1,7 @@
 //! A trainer's checkpoint on disk: loading it, and writing the next one atomically — from one
 //! process or from every rank of a world (rank 0 writes the model, `lego-rl.json` and the step
-//! counter; under ZeRO each rank adds its `optimizer/rank-RRRRR.safetensors`).
+//! counter; under ZeRO each rank adds its `optimizer/rank-RRRRR.safetensors`, and under expert
+//! parallelism its experts' shard in `optimizer/experts-RRRRR-of-EEEEE/`).
 
 use std::path::{Path, PathBuf};
 
@@ -116,6 +117,7 @@ impl Trainer {
             if let Some(z) = &self.zero {
                 z.save(&tmp, pg.rank())?;
             }
+            self.save_expert_zero(&tmp)?;
             match &self.expert {
                 // Expert parallelism: the ranks of the first expert-parallel group write the
                 // model's shards and their experts' moments (the other groups hold copies).

@@ -69,16 +69,6 @@ impl Trainer {
         pg: &ProcessGroup,
     ) -> Result<(), TrainError> {
         let source = self.source.clone().unwrap_or_default();
-        if let (Some(ep), true) = (&self.expert, s.zero) {
-            return Err(TrainError::Output {
-                path: source,
-                msg: format!(
-                    "--zero 1 with --expert-parallel {}: not supported (ZeRO buckets span the whole \
-                     world, expert parameters differ between ranks); use --zero 0",
-                    ep.size()
-                ),
-            });
-        }
         if let (Some(saved), false) = (&self.zero_saved, s.zero) {
             return Err(TrainError::OptimizerState {
                 path: source.join(super::zero::DIR),
@@ -92,6 +82,9 @@ impl Trainer {
         }
         if !s.zero || self.zero.is_some() {
             return Ok(());
+        }
+        if self.expert.is_some() {
+            return self.prepare_zero_ep(params, s, pg);
         }
         let mut zero = ZeroAdamW::new(params, pg, s.bucket_elems);
         if self.zero_saved.is_some() {
@@ -112,8 +105,12 @@ impl Trainer {
             .iter()
             .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes()) as u64)
             .sum();
+        let expert_zero = self.expert.as_ref().and_then(|e| e.zero.as_ref());
         let (state, grads) = match &self.zero {
-            Some(z) => (z.state_bytes(), local + z.grad_bytes()),
+            Some(z) => {
+                let (es, eg) = expert_zero.map_or((0, 0), |e| (e.state_bytes(), e.grad_bytes()));
+                (z.state_bytes() + es, local + z.grad_bytes() + eg)
+            }
             None => (self.opt.state_bytes(), local),
         };
         for (k, v) in [
@@ -145,7 +142,10 @@ impl Trainer {
             ("expert_gradient_bytes", grads),
             (
                 "expert_optimizer_state_bytes",
-                self.opt.state_bytes_where(super::expert::is_expert_param),
+                expert_zero.map_or_else(
+                    || self.opt.state_bytes_where(super::expert::is_expert_param),
+                    |z| z.state_bytes(),
+                ),
             ),
         ] {
             m.extra.insert(k.into(), v.into());

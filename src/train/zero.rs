@@ -12,6 +12,11 @@
 //! `optimizer/rank-RRRRR.safetensors` (`exp_avg.B` and `exp_avg_sq.B`, one fp32 chunk per
 //! bucket B). Resuming needs the same world size and layout; a checkpoint with full moments
 //! (`optimizer.safetensors`, from one process or `--zero 0`) is re-sharded on load.
+//!
+//! Under expert parallelism the two kinds of parameters are sharded over different ranks, so
+//! they get a [`ZeroAdamW`] each: the dense parameters over the whole world (saved as above), a
+//! rank's experts over the ranks that hold the same experts (its expert data-parallel group),
+//! saved in [`expert_folder`]. Both layouts record the `--expert-parallel` they were made at.
 
 use std::path::{Path, PathBuf};
 
@@ -36,8 +41,23 @@ pub struct BucketLayout {
 /// `optimizer/zero.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZeroLayout {
+    /// Ranks the moments are sharded over (the world; under expert parallelism, for the experts,
+    /// the ranks holding the same experts).
     pub world_size: usize,
+    /// `--expert-parallel` of the run that saved it (absent before expert parallelism existed:
+    /// 1). Under expert parallelism the dense parameters and the experts have layouts of their
+    /// own, so resuming needs the same E.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub expert_parallel: usize,
     pub buckets: Vec<BucketLayout>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 #[derive(Debug)]
@@ -70,7 +90,12 @@ fn bad(path: &Path, msg: String) -> TrainError {
 
 /// The saved layout in checkpoint `dir`, when it has one.
 pub fn saved_layout(dir: &Path) -> Result<Option<ZeroLayout>, TrainError> {
-    let path = dir.join(DIR).join(LAYOUT_FILE);
+    saved_layout_in(&dir.join(DIR))
+}
+
+/// The layout saved in `folder` (`DIR` of a checkpoint, or an expert folder in it).
+fn saved_layout_in(folder: &Path) -> Result<Option<ZeroLayout>, TrainError> {
+    let path = folder.join(LAYOUT_FILE);
     if !path.is_file() {
         return Ok(None);
     }
@@ -80,8 +105,15 @@ pub fn saved_layout(dir: &Path) -> Result<Option<ZeroLayout>, TrainError> {
         .map_err(|e| bad(&path, e.to_string()))
 }
 
-fn rank_file(dir: &Path, rank: usize) -> PathBuf {
-    dir.join(DIR).join(format!("rank-{rank:05}.safetensors"))
+fn rank_file(folder: &Path, rank: usize) -> PathBuf {
+    folder.join(format!("rank-{rank:05}.safetensors"))
+}
+
+/// Under expert parallelism with ZeRO-1: the folder of the experts held by expert-parallel rank
+/// `r` of `n` in checkpoint `dir` (its `zero.json` and one `rank-DDDDD.safetensors` per rank
+/// holding those experts, D its rank among them). The dense parameters' state stays in `DIR`.
+pub fn expert_folder(dir: &Path, r: usize, n: usize) -> PathBuf {
+    dir.join(DIR).join(format!("experts-{:05}-of-{n:05}", r + 1))
 }
 
 impl ZeroAdamW {
@@ -132,10 +164,17 @@ impl ZeroAdamW {
             exp_avg_sq: buckets.iter().map(zeros).collect(),
             layout: ZeroLayout {
                 world_size: pg.world_size(),
+                expert_parallel: 1,
                 buckets: layout,
             },
             buckets,
         }
+    }
+
+    /// The same layout, recorded as part of a run with `--expert-parallel ep`.
+    pub fn with_expert_parallel(mut self, ep: usize) -> Self {
+        self.layout.expert_parallel = ep;
+        self
     }
 
     /// Bytes of optimizer state this rank holds.
@@ -183,8 +222,23 @@ impl ZeroAdamW {
 
     /// Loads this rank's chunks from checkpoint `dir`; the saved layout must be this one.
     pub fn load(&mut self, dir: &Path, rank: usize) -> Result<(), TrainError> {
-        let path = dir.join(DIR).join(LAYOUT_FILE);
-        let saved = saved_layout(dir)?.ok_or_else(|| bad(&path, "missing".into()))?;
+        self.load_from(&dir.join(DIR), rank)
+    }
+
+    /// [`ZeroAdamW::load`] from `folder` (`DIR`, or an [`expert_folder`]).
+    pub fn load_from(&mut self, folder: &Path, rank: usize) -> Result<(), TrainError> {
+        let path = folder.join(LAYOUT_FILE);
+        let saved = saved_layout_in(folder)?.ok_or_else(|| bad(&path, "missing".into()))?;
+        if saved.expert_parallel != self.layout.expert_parallel {
+            return Err(bad(
+                &path,
+                format!(
+                    "saved with --zero 1 at --expert-parallel {}, this run has {}: resume at \
+                     --expert-parallel {} (or from a checkpoint with full moments)",
+                    saved.expert_parallel, self.layout.expert_parallel, saved.expert_parallel
+                ),
+            ));
+        }
         if saved.world_size != self.layout.world_size {
             return Err(bad(
                 &path,
@@ -202,7 +256,7 @@ impl ZeroAdamW {
                     .into(),
             ));
         }
-        let file = rank_file(dir, rank);
+        let file = rank_file(folder, rank);
         let tensors = Tensor::read_safetensors(&file).map_err(|e| bad(&file, e.to_string()))?;
         let dev = self.exp_avg.first().map_or(tch::Device::Cpu, Tensor::device);
         for (name, t) in tensors {
@@ -225,8 +279,13 @@ impl ZeroAdamW {
 
     /// Writes this rank's chunks (and, on rank 0, the layout) into checkpoint directory `dir`.
     pub fn save(&self, dir: &Path, rank: usize) -> Result<(), TrainError> {
-        let folder = dir.join(DIR);
-        std::fs::create_dir_all(&folder).map_err(|e| bad(&folder, e.to_string()))?;
+        self.save_in(&dir.join(DIR), rank)
+    }
+
+    /// [`ZeroAdamW::save`] into `folder` (`DIR`, or an [`expert_folder`]); `rank` is this
+    /// rank's among those the state is sharded over, and rank 0 writes the layout.
+    pub fn save_in(&self, folder: &Path, rank: usize) -> Result<(), TrainError> {
+        std::fs::create_dir_all(folder).map_err(|e| bad(folder, e.to_string()))?;
         if rank == 0 {
             let path = folder.join(LAYOUT_FILE);
             let text = serde_json::to_string_pretty(&self.layout).expect("invariant: layout serializes");
@@ -237,7 +296,7 @@ impl ZeroAdamW {
             tensors.push((format!("exp_avg.{b}"), m.to_device(tch::Device::Cpu)));
             tensors.push((format!("exp_avg_sq.{b}"), v.to_device(tch::Device::Cpu)));
         }
-        let file = rank_file(dir, rank);
+        let file = rank_file(folder, rank);
         Tensor::write_safetensors(&tensors, &file).map_err(|e| bad(&file, e.to_string()))
     }
 

@@ -2,8 +2,8 @@
 //! uneven and differentiable all_to_all, a failure inside a backward), train-step at EP=2 against
 //! one process (loss, metrics and weights within 1e-6 fp32, routing replay on and off, tokens all
 //! on the other rank's experts and experts without tokens), the sharded checkpoint it writes
-//! (loaded at EP=1, at EP=2 and in transformers; both expert layouts, converted both ways), and a
-//! rank dying during an EP step.
+//! (loaded at EP=1, at EP=2 and in transformers; both expert layouts, converted both ways), ZeRO-1
+//! with EP on 4 ranks (two steps, resumed and re-sharded), and a rank dying during an EP step.
 //!
 //! One set of train-step runs is shared by the assertions (the file's runtime is that of 4 runs).
 //! Options and the 1e-6 bound follow tests/it/dist_train.rs (one thread per process, lr 1e-4).
@@ -338,7 +338,8 @@ fn two_rank_expert_parallel_steps_equal_one_process_and_save_sharded_checkpoints
     );
     write_samples(&nat_in, &natural);
     write_samples(&forced_in, &forced);
-    let ep2 = ["--nproc-per-node", "2", "--expert-parallel", "2"];
+    // ZeRO-0: every expert's moments stay beside it (ZeRO-1 with EP is the 4-rank test's).
+    let ep2 = ["--nproc-per-node", "2", "--expert-parallel", "2", "--zero", "0"];
     // Replay on with the forced routing (per-expert layout kept); replay off with the router's own
     // choice and activation checkpointing, saved fused.
     let cases: [(&str, &Path, Vec<&str>, Vec<&str>); 2] = [
@@ -476,6 +477,145 @@ fn two_rank_expert_parallel_steps_equal_one_process_and_save_sharded_checkpoints
         );
     }
     let _: PathBuf = to_fused;
+}
+
+/// The files of a checkpoint's `optimizer/` folder, relative to it, sorted.
+fn optimizer_files(dir: &Path) -> Vec<String> {
+    let root = dir.join("optimizer");
+    let mut out = Vec::new();
+    let mut todo = vec![root.clone()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(&root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// ZeRO-1 with expert parallelism: 4 ranks, EP=2, so the dense moments are sharded over 4 ranks
+/// and each expert's over the 2 ranks holding it. Two steps (two updates each) equal one
+/// process's, whether the second resumes from the sharded state or re-shards the one-process
+/// checkpoint's full moments; a run that cannot continue the sharded state stops before compute.
+#[test]
+fn four_rank_expert_parallel_with_zero_1_equals_one_process_over_two_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let input = tmp.path().join("samples.jsonl.zst");
+    write_samples(&input, &moe_samples(&model));
+    drop(model);
+    let at = |name: &str| tmp.path().join(name);
+    let ep = ["--nproc-per-node", "4", "--expert-parallel", "2", "--zero", "1"];
+    let one1 = train_step(&tiny_moe(), &input, &at("one-1"), &[]);
+    let one2 = train_step(&at("one-1"), &input, &at("one-2"), &[]);
+    let z1 = train_step(&tiny_moe(), &input, &at("zero-1"), &ep);
+    same_metrics(&one1, &z1, "step 1");
+    let d = max_weight_diff(&at("one-1"), &at("zero-1"));
+    eprintln!("step 1: max |Δweight| EP=2 ZeRO-1 on 4 ranks vs 1 process = {d:e}");
+    assert!(d <= 1e-6, "step 1: weights differ by {d}");
+
+    // The state on disk: dense chunks per world rank, each expert group's chunks per rank
+    // holding it, and no full moments anywhere.
+    assert_eq!(
+        optimizer_files(&at("zero-1")),
+        [
+            "experts-00001-of-00002/rank-00000.safetensors",
+            "experts-00001-of-00002/rank-00001.safetensors",
+            "experts-00001-of-00002/zero.json",
+            "experts-00002-of-00002/rank-00000.safetensors",
+            "experts-00002-of-00002/rank-00001.safetensors",
+            "experts-00002-of-00002/zero.json",
+            "rank-00000.safetensors",
+            "rank-00001.safetensors",
+            "rank-00002.safetensors",
+            "rank-00003.safetensors",
+            "zero.json",
+        ]
+    );
+    let layout = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(at("zero-1").join("optimizer").join(f)).unwrap())
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            layout("zero.json")["world_size"].as_u64(),
+            layout("zero.json")["expert_parallel"].as_u64()
+        ),
+        (Some(4), Some(2))
+    );
+    let experts = layout("experts-00002-of-00002/zero.json");
+    assert_eq!(experts["world_size"], 2);
+    let names: Vec<&str> = experts["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["names"].as_array().unwrap())
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| n.contains(".mlp.experts.")), "{names:?}");
+    assert!(
+        names.contains(&"model.layers.0.mlp.experts.7.down_proj.weight"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.contains(".experts.3.")),
+        "rank 1 of EP holds experts 4-7"
+    );
+    assert!(!at("zero-1")
+        .join("optimizer-ep-00001-of-00002.safetensors")
+        .exists());
+
+    // Bytes per rank: half the experts, their moments halved again by the 2 ranks holding them;
+    // the dense moments a quarter (ZeRO pads each bucket by less than one element per rank).
+    let ex = |m: &StepMetrics, key: &str| m.extra[key].as_u64().unwrap() as f64;
+    assert_eq!(ex(&z1, "zero"), 1.0);
+    let expert_ratio = ex(&z1, "expert_optimizer_state_bytes") / ex(&one1, "expert_optimizer_state_bytes");
+    let all_ratio = ex(&z1, "optimizer_state_bytes") / ex(&one1, "optimizer_state_bytes");
+    eprintln!("optimizer state per rank / one process: experts {expert_ratio}, all {all_ratio}");
+    assert!((0.25..0.2505).contains(&expert_ratio), "experts {expert_ratio}");
+    assert!((0.25..0.2505).contains(&all_ratio), "all {all_ratio}");
+
+    // Step 2 from the sharded state, and from the one-process checkpoint (re-sharded).
+    for (from, to) in [("zero-1", "zero-2"), ("one-1", "resharded-2")] {
+        let m = train_step(&at(from), &input, &at(to), &ep);
+        same_metrics(&one2, &m, to);
+        let d = max_weight_diff(&at("one-2"), &at(to));
+        eprintln!("step 2 from {from}: max |Δweight| vs 1 process = {d:e}");
+        assert!(d <= 1e-6, "{to}: weights differ by {d}");
+    }
+    assert!(
+        max_weight_diff(&at("one-1"), &at("one-2")) > 1e-5,
+        "step 2 moved nothing"
+    );
+
+    // Another --expert-parallel cannot continue the sharded state: an error naming the file,
+    // before any compute, and --out untouched.
+    let out = at("wrong-ep");
+    let o = lego()
+        .env("OMP_NUM_THREADS", "1")
+        .args(["-vv", "train-step", "--checkpoint"])
+        .arg(at("zero-1"))
+        .arg("-i")
+        .arg(&input)
+        .arg("--out")
+        .arg(&out)
+        .args(OPTS)
+        .args(["--nproc-per-node", "4", "--expert-parallel", "1", "--zero", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("optimizer/zero.json") && err.contains("--expert-parallel 2, this run has 1"),
+        "{err}"
+    );
+    assert!(!err.contains("π_old recomputed"), "{err}");
+    assert!(!out.exists());
 }
 
 #[test]

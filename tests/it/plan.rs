@@ -266,7 +266,8 @@ fn u(v: &Value, path: &[&str]) -> u64 {
 }
 
 /// Doubling EP halves the expert part of the weights, gradients and optimizer state per rank
-/// (ZeRO-0: the plan, like train-step, refuses ZeRO-1 with EP), and leaves the dense part alone.
+/// (ZeRO-0), and leaves the dense part alone. Under ZeRO-1 the experts' moments are sharded over
+/// the world / EP ranks holding them, the dense ones over the world.
 #[test]
 fn expert_bytes_per_rank_halve_when_ep_doubles() {
     let cfg = configs().join("qwen3-30b-a3b.json");
@@ -293,6 +294,32 @@ fn expert_bytes_per_rank_halve_when_ep_doubles() {
             assert_eq!(u(&a, &[part, "dense"]), u(&b, &[part, "dense"]), "{part}");
         }
         assert!(u(&b, &["total"]) < u(&a, &["total"]));
+    }
+    let zero = |e: &str| {
+        plan_json(&[
+            "--checkpoint",
+            c,
+            "--world-size",
+            "8",
+            "--expert-parallel",
+            e,
+            "--zero",
+            "1",
+        ])
+        .0
+    };
+    for ep in ["2", "4", "8"] {
+        let (z0, z1) = (run(ep), zero(ep));
+        let e: u64 = ep.parse().unwrap();
+        let (group, moments) = (8 / e, u(&z0, &["optimizer", "experts"]));
+        let sharded = u(&z1, &["optimizer", "experts"]);
+        // One element of padding per rank and bucket at most.
+        assert!(
+            sharded >= moments / group && sharded <= moments / group + 8 * 4096,
+            "EP {ep}"
+        );
+        assert!(u(&z1, &["optimizer", "dense"]) * 8 <= u(&z0, &["optimizer", "dense"]) + 8 * 8 * 4096);
+        assert_eq!(u(&z1, &["weights", "experts"]), u(&z0, &["weights", "experts"]));
     }
 }
 
