@@ -12,8 +12,8 @@
 //!
 //! The same request is timed, in the same run, on the engine with its prefix cache (the default:
 //! after the warm-up, every run finds its prompt but the last token cached) and on one without
-//! (`engine_nocache_*`: every run prefills its whole prompt, like transformers does), with the
-//! generated ids of both checked equal.
+//! (`engine_nocache_*`: every run prefills its whole prompt, like transformers does), run by run
+//! in turns, with the generated ids of both checked equal.
 //!
 //! Then concurrent throughput: N = 1, 4, 8 requests at once (N rotations of the prompt, seeds
 //! 1..=N, NEW_TOKENS each), timed from sending them to the last answer (best of RUNS after a
@@ -68,8 +68,11 @@ async fn main() -> anyhow::Result<()> {
     println!("prompt_tokens={}", prompt.len());
     println!("new_tokens={new_tokens}");
     println!("runs={runs}");
-    let first = timed(&backend, &req, runs, "engine").await?;
-    let uncached = timed(&nocache, &req, runs, "engine_nocache").await?;
+    let mut outs = timed(&[(&backend, "engine"), (&nocache, "engine_nocache")], &req, runs).await?;
+    let (uncached, first) = (
+        outs.pop().expect("two backends"),
+        outs.pop().expect("two backends"),
+    );
     let equal = first.iter().zip(&uncached).take_while(|(a, b)| a == b).count();
     println!("engine_nocache_equal_tokens={equal}/{}", first.len());
     // Greedy decoding must not change a token with the cache (sampling the random model's
@@ -136,32 +139,41 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Times `req` on `backend` `runs` times after a warm-up and prints `{name}_seconds_mean`,
-/// `{name}_tok_per_s` and `{name}_tok_per_s_best`; returns the output ids.
+/// Times `req` `runs` times on each of `backends` after a warm-up on each, the backends taking
+/// turns run by run (so drift in the machine's speed falls on all alike), and prints per backend
+/// `{name}_seconds_mean`, `{name}_tok_per_s` and `{name}_tok_per_s_best`; returns each one's
+/// output ids.
 async fn timed(
-    backend: &EmbeddedBackend,
+    backends: &[(&EmbeddedBackend, &str)],
     req: &GenerateRequest,
     runs: usize,
-    name: &str,
-) -> anyhow::Result<Vec<u32>> {
+) -> anyhow::Result<Vec<Vec<u32>>> {
     let new_tokens = req.sampling.max_tokens.unwrap_or(0) as usize;
-    let first = backend.generate(req.clone()).await?; // warm-up
-    anyhow::ensure!(first.output_ids.len() == new_tokens, "short output");
-    let mut best = f64::INFINITY;
-    let mut total = 0.0;
-    for _ in 0..runs {
-        let t = Instant::now();
-        let out = backend.generate(req.clone()).await?;
-        let s = t.elapsed().as_secs_f64();
-        // Seeded: sampled runs repeat too.
-        anyhow::ensure!(out.output_ids == first.output_ids, "output changed between runs");
-        best = best.min(s);
-        total += s;
+    let mut firsts = Vec::new();
+    for (backend, _) in backends {
+        let first = backend.generate(req.clone()).await?; // warm-up
+        anyhow::ensure!(first.output_ids.len() == new_tokens, "short output");
+        firsts.push(first.output_ids);
     }
-    println!("{name}_seconds_mean={:.4}", total / runs as f64);
-    println!("{name}_tok_per_s={:.1}", (new_tokens * runs) as f64 / total);
-    println!("{name}_tok_per_s_best={:.1}", new_tokens as f64 / best);
-    Ok(first.output_ids)
+    let mut best = vec![f64::INFINITY; backends.len()];
+    let mut total = vec![0.0; backends.len()];
+    for _ in 0..runs {
+        for (i, (backend, _)) in backends.iter().enumerate() {
+            let t = Instant::now();
+            let out = backend.generate(req.clone()).await?;
+            let s = t.elapsed().as_secs_f64();
+            // Seeded: sampled runs repeat too.
+            anyhow::ensure!(out.output_ids == firsts[i], "output changed between runs");
+            best[i] = best[i].min(s);
+            total[i] += s;
+        }
+    }
+    for (i, (_, name)) in backends.iter().enumerate() {
+        println!("{name}_seconds_mean={:.4}", total[i] / runs as f64);
+        println!("{name}_tok_per_s={:.1}", (new_tokens * runs) as f64 / total[i]);
+        println!("{name}_tok_per_s_best={:.1}", new_tokens as f64 / best[i]);
+    }
+    Ok(firsts)
 }
 
 /// Output tokens per second of `reqs` sent all at once (best of `runs` after a warm-up), and
@@ -189,14 +201,15 @@ async fn concurrent(
 }
 
 /// Milliseconds of the LM head's matmul for one token (mean of `iters` after a warm-up), with the
-/// checkpoint's own head weight (`lm_head.weight`, or the tied embedding).
+/// checkpoint's own head weight (`lm_head.weight`, or the tied embedding), as the model loads it
+/// (any layout: Qwen3.5's `model.language_model.` prefix, sharded files).
 fn head_ms_per_token(ckpt: &Path, iters: usize) -> anyhow::Result<f64> {
     let _g = tch::no_grad_guard();
-    let tensors = tch::Tensor::read_safetensors(ckpt.join("model.safetensors"))?;
-    let find = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+    let vars = lego_rl::model::Model::load(ckpt, tch::Device::Cpu, None)?.named_variables();
+    let find = |suffix: &str| vars.iter().find(|(n, _)| n.ends_with(suffix)).map(|(_, t)| t);
     let w = find("lm_head.weight")
-        .or_else(|| find("model.embed_tokens.weight"))
-        .ok_or_else(|| anyhow::anyhow!("no lm_head.weight or model.embed_tokens.weight"))?
+        .or_else(|| find("embed_tokens.weight"))
+        .ok_or_else(|| anyhow::anyhow!("no lm_head.weight or embed_tokens.weight"))?
         .to_kind(tch::Kind::Float);
     let x = tch::Tensor::randn([1, w.size()[1]], (tch::Kind::Float, tch::Device::Cpu));
     let mut sink = 0.0;

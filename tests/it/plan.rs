@@ -272,8 +272,8 @@ fn u(v: &Value, path: &[&str]) -> u64 {
 fn expert_bytes_per_rank_halve_when_ep_doubles() {
     let cfg = configs().join("qwen3-30b-a3b.json");
     let c = cfg.to_str().unwrap();
-    let run = |e: &str| {
-        plan_json(&[
+    let plan = |e: &str, zero: &str| {
+        let args = [
             "--checkpoint",
             c,
             "--world-size",
@@ -281,10 +281,11 @@ fn expert_bytes_per_rank_halve_when_ep_doubles() {
             "--expert-parallel",
             e,
             "--zero",
-            "0",
-        ])
-        .0
+            zero,
+        ];
+        plan_json(&args).0
     };
+    let run = |e: &str| plan(e, "0");
     for (ep, twice) in [("2", "4"), ("4", "8")] {
         let (a, b) = (run(ep), run(twice));
         for part in ["weights", "gradients", "optimizer"] {
@@ -295,19 +296,7 @@ fn expert_bytes_per_rank_halve_when_ep_doubles() {
         }
         assert!(u(&b, &["total"]) < u(&a, &["total"]));
     }
-    let zero = |e: &str| {
-        plan_json(&[
-            "--checkpoint",
-            c,
-            "--world-size",
-            "8",
-            "--expert-parallel",
-            e,
-            "--zero",
-            "1",
-        ])
-        .0
-    };
+    let zero = |e: &str| plan(e, "1");
     for ep in ["2", "4", "8"] {
         let (z0, z1) = (run(ep), zero(ep));
         let e: u64 = ep.parse().unwrap();
