@@ -243,7 +243,9 @@ async fn anthropic_stream_has_the_documented_event_order() {
     let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": true,
         "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
+        // The schema declares what TOOL_CALL passes (an undeclared parameter is rejected).
+        "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}}}}],
         "thinking": {"type": "enabled", "budget_tokens": 1024}});
     let r = reqwest::Client::new()
         .post(format!("{base}/t/{token}/v1/messages?beta=true"))
