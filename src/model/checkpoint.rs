@@ -303,13 +303,7 @@ impl Model {
             total += entries.iter().map(|e| e.data.len()).sum::<usize>();
         }
         if let Some(map) = &self.shard_map {
-            let index = serde_json::json!({
-                "metadata": {"total_size": total},
-                "weight_map": map,
-            });
-            let path = dir.join(INDEX);
-            let text = serde_json::to_string_pretty(&index).expect("invariant: JSON value serializes");
-            std::fs::write(&path, text + "\n").map_err(|source| ModelError::Write { path, source })?;
+            write_index(dir, total, map)?;
         }
         self.copy_aux(dir)
     }
@@ -327,6 +321,22 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Writes `model.safetensors.index.json` into `dir`: the tensors' total bytes and the tensor →
+/// file map, as Hugging Face writes it.
+pub(super) fn write_index(
+    dir: &Path,
+    total: usize,
+    map: &BTreeMap<String, String>,
+) -> Result<(), ModelError> {
+    let index = serde_json::json!({
+        "metadata": {"total_size": total},
+        "weight_map": map,
+    });
+    let path = dir.join(INDEX);
+    let text = serde_json::to_string_pretty(&index).expect("invariant: JSON value serializes");
+    std::fs::write(&path, text + "\n").map_err(|source| ModelError::Write { path, source })
 }
 
 /// The weight files of a checkpoint and, when sharded, the tensor → file map.

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use super::checkpoint::{to_dtype, write_safetensors, Entry, INDEX};
+use super::checkpoint::{to_dtype, write_index, write_safetensors, Entry};
 use super::{Model, ModelError};
 use crate::dist::ProcessGroup;
 
@@ -213,13 +213,7 @@ impl Model {
         if rank != 0 {
             return Ok(());
         }
-        let index = serde_json::json!({
-            "metadata": {"total_size": total},
-            "weight_map": map,
-        });
-        let path = dir.join(INDEX);
-        let text = serde_json::to_string_pretty(&index).expect("invariant: JSON value serializes");
-        std::fs::write(&path, text + "\n").map_err(|source| ModelError::Write { path, source })?;
+        write_index(dir, total, &map)?;
         self.copy_aux(dir)
     }
 }
