@@ -18,8 +18,9 @@ use lego_rl::model::{ExpertLayout, ExpertShard, Model};
 use lego_rl::records::{Packed, Sample, StepMetrics};
 use tch::{Device, Kind, Tensor};
 
-use crate::common::{lego, python, root};
+use crate::common::{python, root};
 use crate::dist::{f32s, free_port, start_ranks, stdout};
+use crate::dist_train::run_train_step;
 use crate::model::{seq_logprobs, tiny_moe};
 use crate::train::{moe_samples, read_metrics, write_samples};
 
@@ -165,20 +166,7 @@ const OPTS: [&str; 8] = [
 
 fn train_step(ckpt: &Path, input: &Path, out: &Path, extra: &[&str]) -> StepMetrics {
     let metrics = out.with_extension("metrics.jsonl.zst");
-    let o = lego()
-        .env("OMP_NUM_THREADS", "1")
-        .args(["train-step", "--checkpoint"])
-        .arg(ckpt)
-        .arg("-i")
-        .arg(input)
-        .arg("--out")
-        .arg(out)
-        .arg("--metrics")
-        .arg(&metrics)
-        .args(OPTS)
-        .args(extra)
-        .output()
-        .unwrap();
+    let o = run_train_step(&OPTS, ckpt, input, out, &metrics, extra);
     assert!(
         o.status.success(),
         "{}: {extra:?}\n{}",
@@ -596,18 +584,23 @@ fn four_rank_expert_parallel_with_zero_1_equals_one_process_over_two_steps() {
     // Another --expert-parallel cannot continue the sharded state: an error naming the file,
     // before any compute, and --out untouched.
     let out = at("wrong-ep");
-    let o = lego()
-        .env("OMP_NUM_THREADS", "1")
-        .args(["-vv", "train-step", "--checkpoint"])
-        .arg(at("zero-1"))
-        .arg("-i")
-        .arg(&input)
-        .arg("--out")
-        .arg(&out)
-        .args(OPTS)
-        .args(["--nproc-per-node", "4", "--expert-parallel", "1", "--zero", "1"])
-        .output()
-        .unwrap();
+    let wrong = [
+        "--nproc-per-node",
+        "4",
+        "--expert-parallel",
+        "1",
+        "--zero",
+        "1",
+        "-vv",
+    ];
+    let o = run_train_step(
+        &OPTS,
+        &at("zero-1"),
+        &input,
+        &out,
+        &at("wrong-ep.metrics"),
+        &wrong,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(

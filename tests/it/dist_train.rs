@@ -35,6 +35,19 @@ const OPTS: [&str; 6] = [
 
 /// `lego-rl train-step` from `ckpt` on `input` into `out` with [`OPTS`] and `extra`.
 fn train_step(ckpt: &Path, input: &Path, out: &Path, metrics: &Path, extra: &[&str]) -> Output {
+    run_train_step(&OPTS, ckpt, input, out, metrics, extra)
+}
+
+/// `lego-rl train-step` on `ckpt` and `input` into `out` and `metrics`, one intra-op thread per
+/// process, with `opts` then `extra` (also the runner of tests/it/dist_ep.rs).
+pub fn run_train_step(
+    opts: &[&str],
+    ckpt: &Path,
+    input: &Path,
+    out: &Path,
+    metrics: &Path,
+    extra: &[&str],
+) -> Output {
     lego()
         .env("OMP_NUM_THREADS", "1")
         .args(["train-step", "--checkpoint"])
@@ -45,7 +58,7 @@ fn train_step(ckpt: &Path, input: &Path, out: &Path, metrics: &Path, extra: &[&s
         .arg(out)
         .arg("--metrics")
         .arg(metrics)
-        .args(OPTS)
+        .args(opts)
         .args(extra)
         .output()
         .unwrap()
