@@ -8,6 +8,10 @@
 //! chunks are all-gathered back into the parameters. AdamW is elementwise, so this is the same
 //! update as one process applying it to whole tensors.
 //!
+//! A bucket narrower than fp32 (bf16) also keeps this rank's chunk of the fp32 master weights
+//! ([`super::optim`]'s header says why): AdamW updates the master chunk, the bf16 chunk is
+//! copied from it and all-gathered. They are saved as `master.B` beside the moments.
+//!
 //! On disk (beside the checkpoint): `optimizer/zero.json` (world size and bucket layout) and
 //! `optimizer/rank-RRRRR.safetensors` (`exp_avg.B` and `exp_avg_sq.B`, one fp32 chunk per
 //! bucket B). Resuming needs the same world size and layout; a checkpoint with full moments
@@ -79,6 +83,9 @@ pub struct ZeroAdamW {
     buckets: Vec<Bucket>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
+    /// This rank's chunk of the fp32 master weights of each bucket narrower than fp32, started
+    /// from the weights at the first update unless loaded or re-sharded.
+    master: Vec<Option<Tensor>>,
 }
 
 fn bad(path: &Path, msg: String) -> TrainError {
@@ -162,6 +169,7 @@ impl ZeroAdamW {
         ZeroAdamW {
             exp_avg: buckets.iter().map(zeros).collect(),
             exp_avg_sq: buckets.iter().map(zeros).collect(),
+            master: buckets.iter().map(|_| None).collect(),
             layout: ZeroLayout {
                 world_size: pg.world_size(),
                 expert_parallel: 1,
@@ -182,6 +190,7 @@ impl ZeroAdamW {
         self.exp_avg
             .iter()
             .chain(&self.exp_avg_sq)
+            .chain(self.master.iter().flatten())
             .map(|t| t.numel() as u64 * 4)
             .sum()
     }
@@ -217,6 +226,19 @@ impl ZeroAdamW {
             };
             self.exp_avg[bi] = pick(0);
             self.exp_avg_sq[bi] = pick(1);
+            if b.kind != Kind::Float {
+                let parts: Vec<Tensor> = b
+                    .params
+                    .iter()
+                    .map(|&i| {
+                        let (name, p) = &params[i];
+                        opt.master(name)
+                            .map_or_else(|| p.detach().to_kind(Kind::Float), |m| m.to_kind(Kind::Float))
+                            .reshape([-1])
+                    })
+                    .collect();
+                self.master[bi] = Some(chunk_of(&Tensor::cat(&parts, 0), b, rank));
+            }
         }
     }
 
@@ -271,6 +293,7 @@ impl ZeroAdamW {
             match which {
                 "exp_avg" => self.exp_avg[b] = t.to_device(dev),
                 "exp_avg_sq" => self.exp_avg_sq[b] = t.to_device(dev),
+                "master" => self.master[b] = Some(t.to_device(dev)),
                 _ => return Err(bad(&file, format!("unexpected tensor `{name}`"))),
             }
         }
@@ -295,6 +318,9 @@ impl ZeroAdamW {
         for (b, (m, v)) in self.exp_avg.iter().zip(&self.exp_avg_sq).enumerate() {
             tensors.push((format!("exp_avg.{b}"), m.to_device(tch::Device::Cpu)));
             tensors.push((format!("exp_avg_sq.{b}"), v.to_device(tch::Device::Cpu)));
+            if let Some(w) = &self.master[b] {
+                tensors.push((format!("master.{b}"), w.to_device(tch::Device::Cpu)));
+            }
         }
         let file = rank_file(folder, rank);
         Tensor::write_safetensors(&tensors, &file).map_err(|e| bad(&file, e.to_string()))
@@ -349,6 +375,9 @@ impl ZeroAdamW {
                 Some(params[i].1.detach().reshape([-1]))
             });
             let mine = chunk_of(&flat, b, rank as usize);
+            if b.kind != Kind::Float && self.master[bi].is_none() {
+                self.master[bi] = Some(mine.to_kind(Kind::Float));
+            }
             let (lo_chunk, hi_chunk) = (rank * b.chunk, (rank + 1) * b.chunk);
             for (j, &i) in b.params.iter().enumerate() {
                 let (lo, hi) = (
@@ -364,7 +393,14 @@ impl ZeroAdamW {
                 let mut m = self.exp_avg[bi].narrow(0, at, n);
                 let mut v = self.exp_avg_sq[bi].narrow(0, at, n);
                 let decay = params[i].1.dim() > 1;
-                let new = adamw_update(seg.to_kind(Kind::Float), &g, &mut m, &mut v, decay, lr, bc, cfg);
+                let master = self.master[bi].as_ref().map(|w| w.narrow(0, at, n));
+                let base = master
+                    .as_ref()
+                    .map_or_else(|| seg.to_kind(Kind::Float), Tensor::copy);
+                let new = adamw_update(base, &g, &mut m, &mut v, decay, lr, bc, cfg);
+                if let Some(mut w) = master {
+                    w.copy_(&new);
+                }
                 seg.copy_(&new.to_kind(b.kind));
             }
             let what = format!("updated parameters, bucket {}/{}", bi + 1, self.buckets.len());
