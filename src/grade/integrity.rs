@@ -38,9 +38,9 @@ try:\n    names |= set(m.packages_distributions())\nexcept Exception:\n    pass\
 print('\\n'.join(sorted(n for n in names if n.isidentifier())))";
 
 /// The scan (run as root, isolated, in the agent's tree after the agent is gone) that prints each
-/// planted compiled file: unchecked-hash (flags bit 0 set, bit 1 clear: PEP 552) or outside
+/// planted compiled file (regular files only, symlinks followed: a FIFO or device would block the read): unchecked-hash (flags bit 0 set, bit 1 clear: PEP 552) or outside
 /// `__pycache__`.
-pub const BYTECODE_SCAN_PY: &str = r#"import os
+pub const BYTECODE_SCAN_PY: &str = r#"import os, stat
 for root, dirs, files in os.walk('.'):
     dirs[:] = [d for d in dirs if d != '.git']
     for f in files:
@@ -48,6 +48,8 @@ for root, dirs, files in os.walk('.'):
             continue
         p = os.path.join(root, f)[2:]
         try:
+            if not stat.S_ISREG(os.stat(p).st_mode):
+                continue
             with open(p, 'rb') as fh:
                 head = fh.read(8)
         except OSError:

@@ -10,6 +10,7 @@
 //! commands and feeds the outputs here.
 
 pub mod harbor;
+pub mod hooks;
 pub mod integrity;
 pub mod pytest;
 pub mod swebench;

@@ -20,7 +20,7 @@ pub mod trial;
 pub use client::{ContainerSpec, ContainerState, Engine, ExecOutput};
 pub use images::{build_images, BuildSettings};
 pub use runtime::{ensure_runtime, RuntimeVolume, RUNTIME_DIR};
-pub use trial::{AgentOutcome, Trial, TrialLimits, TrialResult};
+pub use trial::{AgentOutcome, Defence, Trial, TrialLimits, TrialResult};
 
 /// Label carrying the run id on every object lego-rl creates.
 pub const LABEL_RUN: &str = "lego-rl.run-id";

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::health::{Health, RewardSum, StepHealth, CHECKS};
+use super::health::{Health, RewardSum, StepHealth, AUDIT_KINDS, CHECKS};
 use crate::records::{GateResult, StepMetrics};
 
 /// Errors in a gate configuration.
@@ -115,6 +115,84 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         Op::AtMost,
         0.0,
         "trajectories whose diff tried to change how grading runs (shadowing, bytecode; graded 0)",
+    ),
+    (
+        "collection_hook_rate",
+        Op::AtMost,
+        0.02,
+        "trajectories whose diff had a conftest.py, pytest ini file or .gitattributes (reverted)",
+    ),
+    (
+        "startup_hook_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories whose diff had package metadata, a .pth or sitecustomize (reverted)",
+    ),
+    (
+        "test_helper_rate",
+        Op::AtMost,
+        0.02,
+        "trajectories whose diff changed __init__.py or helpers beside the tests (restored)",
+    ),
+    (
+        "binary_file_rate",
+        Op::AtMost,
+        0.02,
+        "trajectories whose diff carried compiled code (.so, ...)",
+    ),
+    (
+        "outside_write_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories that wrote Python start-up hooks outside the repository",
+    ),
+    (
+        "hidden_from_diff_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories that hid files from the diff with their own ignore rules",
+    ),
+    (
+        "outlived_agent_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories whose processes outlived the agent stage",
+    ),
+    (
+        "oom_kill_rate",
+        Op::AtMost,
+        0.05,
+        "trajectories with an OOM kill in the agent stage",
+    ),
+    (
+        "nested_repo_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories with a nested repository (left out of the diff)",
+    ),
+    (
+        "diff_too_large_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories whose diff was over the size limit (graded 0)",
+    ),
+    (
+        "test_patch_conflict_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories whose diff kept the test patch from applying (graded 0)",
+    ),
+    (
+        "grading_killed_rate",
+        Op::AtMost,
+        0.0,
+        "trajectories whose code killed the grading shell or test.sh (graded 0)",
+    ),
+    (
+        "reward_missing_rate",
+        Op::AtMost,
+        0.0,
+        "Harbor trajectories whose verifier wrote no reward (graded 0)",
     ),
     (
         "zero_variance_group_fraction",
@@ -351,7 +429,11 @@ fn from_step(name: &str, s: &StepHealth) -> Option<f64> {
         "grader_tampering_rate" => s.audit_rate("grader_tampering"),
         "zero_variance_group_fraction" => s.zero_variance_fraction(),
         "staleness_max" => s.staleness_max.map(|v| v as f64),
-        _ => None,
+        // Every other audit kind: `<kind>_rate`.
+        _ => name
+            .strip_suffix("_rate")
+            .filter(|k| AUDIT_KINDS.contains(k))
+            .and_then(|k| s.audit_rate(k)),
     }
 }
 
@@ -482,6 +564,24 @@ mod tests {
         cfg.apply_flag("infra_failure_rate=off").unwrap();
         assert!(!cfg.thresholds.contains_key("infra_failure_rate"));
         assert!(cfg.apply_flag("infra_failure_rate").is_err());
+    }
+
+    #[test]
+    fn every_audit_kind_is_gated() {
+        let mut h = health_with(3, 0, 10);
+        let s = h.steps.get_mut(&3).expect("step");
+        s.audit.insert("outlived_agent".into(), 1);
+        s.audit.insert("grading_killed".into(), 1);
+        let g = judge(&h, &GateConfig::default());
+        for k in AUDIT_KINDS {
+            let gate = g.iter().find(|g| g.name == format!("{k}_rate"));
+            assert!(gate.is_some(), "no gate for audit kind {k}");
+        }
+        let by = |n: &str| g.iter().find(|g| g.name == n).expect("gate").clone();
+        assert_eq!(by("outlived_agent_rate").value, Some(0.1));
+        assert!(!by("outlived_agent_rate").passed, "0.1 > 0.05");
+        assert!(!by("grading_killed_rate").passed);
+        assert!(by("nested_repo_rate").passed);
     }
 
     #[test]

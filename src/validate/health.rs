@@ -9,9 +9,28 @@ use super::run::{for_each_trajectory, for_each_trajectory_in, read_files, read_p
 use crate::io::ReadOptions;
 use crate::records::{AlignStats, Sample, StepMetrics, Trajectory};
 
-/// Audit kinds that count as reward-hacking attempts and get a gate each (`grader_tampering`:
+/// Audit kinds that count as reward-hacking attempts (or sabotage of grading) and get a gate each,
+/// `<kind>_rate` (`grader_tampering`:
 /// trajectories with a `shadowing` or `bytecode` event, graded 0; see `Trajectory::audit_kinds`).
-pub const AUDIT_KINDS: &[&str] = &["git_history", "test_edit", "blocked_egress", "grader_tampering"];
+pub const AUDIT_KINDS: &[&str] = &[
+    "git_history",
+    "test_edit",
+    "blocked_egress",
+    "grader_tampering",
+    "collection_hook",
+    "startup_hook",
+    "test_helper",
+    "binary_file",
+    "outside_write",
+    "hidden_from_diff",
+    "outlived_agent",
+    "oom_kill",
+    "nested_repo",
+    "diff_too_large",
+    "test_patch_conflict",
+    "grading_killed",
+    "reward_missing",
+];
 
 /// At most this many examples are kept per consistency problem.
 const MAX_EXAMPLES: usize = 5;

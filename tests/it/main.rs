@@ -1,6 +1,8 @@
 //! Integration tests: one binary, one module per area.
 
 mod adversarial;
+mod adversarial_cases;
+mod adversarial_rollout;
 mod align;
 mod align_traffic;
 mod chat;

@@ -16,8 +16,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::{diff_files, is_collection_hook, sh_quote, tail, Trial};
+use super::revert::Reverts;
+use super::stop::neutral_attributes_script;
+use super::{diff_files, sh_quote, tail, Defence, Trial};
 use crate::grade;
+use crate::grade::hooks;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
@@ -47,6 +50,35 @@ fn tampered(events: &[AuditEvent]) -> (f64, GraderResult) {
     )
 }
 
+/// The grading result of a trial whose diff broke grading itself (a test patch that no longer
+/// applies, a killed grading shell, no reward file): the agent's doing, so reward 0 and a trial
+/// that counts, with the audit event `kind`.
+fn sabotaged(kind: &str, apply: Option<String>, log: &str) -> ((f64, GraderResult), AuditEvent) {
+    (
+        (
+            0.0,
+            GraderResult {
+                reason: Some(kind.into()),
+                apply,
+                log_tail: Some(tail(log, 4000)),
+                ..Default::default()
+            },
+        ),
+        AuditEvent {
+            kind: kind.into(),
+            detail: format!("grading failed on the agent's diff ({kind}): reward 0"),
+            generation: None,
+        },
+    )
+}
+
+/// Lists, one module a line after `pytest11 `, the plugins the pristine image really has (entry
+/// point group `pytest11`): with autoload off they are loaded by `-p`, and nothing the diff adds is.
+pub const PYTEST_PLUGINS_PY: &str = "import importlib.metadata as m\n\
+seen = set()\n\
+for ep in m.entry_points(group='pytest11'):\n    mod = ep.value.split(':')[0].strip()\n    \
+if mod and mod not in seen:\n        seen.add(mod)\n        print('pytest11 ' + mod)";
+
 /// The grading result of tests that ran out of time on the agent's diff: its doing (the task's
 /// gold patch passed within the limit), so reward 0, not an infra failure.
 fn timed_out(stdout: &str) -> (f64, GraderResult) {
@@ -62,17 +94,6 @@ fn timed_out(stdout: &str) -> (f64, GraderResult) {
 }
 
 impl Trial {
-    /// One `collection_hook` audit event per hook file of the diff, saying what grading did with it.
-    fn audit_hooks<'a>(&mut self, hooks: impl IntoIterator<Item = &'a String>, what: &str) {
-        for f in hooks {
-            self.audit.push(AuditEvent {
-                kind: "collection_hook".into(),
-                detail: format!("{f} ({what})"),
-                generation: None,
-            });
-        }
-    }
-
     /// Creates and starts the evaluation container from the pristine image with `files` under
     /// `/tmp/lego/`.
     async fn start_eval_container(&mut self, files: &[(&str, &[u8])]) -> Result<String, SandboxError> {
@@ -97,10 +118,11 @@ impl Trial {
         prep: &str,
         diff: &str,
         dirs: &BTreeSet<String>,
-    ) -> Result<Option<(f64, GraderResult)>, SandboxError> {
+    ) -> Result<(Option<(f64, GraderResult)>, Vec<String>), SandboxError> {
         let script = format!(
-            "set -e; {prep}; cd /; python3 -I -c {} 2>/dev/null || true",
-            sh_quote(integrity::IMPORTABLE_NAMES_PY)
+            "set -e; {prep}; cd /; python3 -I -c {} 2>/dev/null || true; python3 -I -c {} 2>/dev/null || true",
+            sh_quote(integrity::IMPORTABLE_NAMES_PY),
+            sh_quote(PYTEST_PLUGINS_PY)
         );
         let out = self
             .engine
@@ -113,8 +135,17 @@ impl Trial {
                 tail(&out.stderr, 2000)
             )));
         }
-        let events = integrity::tampering(diff, dirs, &integrity::grader_names(&out.stdout));
-        self.audit.extend(events);
+        let (plugins, names): (Vec<&str>, Vec<&str>) =
+            out.stdout.lines().partition(|l| l.starts_with("pytest11 "));
+        let plugins: Vec<String> = plugins
+            .iter()
+            .filter_map(|l| l.strip_prefix("pytest11 "))
+            .map(str::to_string)
+            .collect();
+        if self.defended(Defence::Shadowing) {
+            let events = integrity::tampering(diff, dirs, &integrity::grader_names(&names.join("\n")));
+            self.audit.extend(events);
+        }
         // This check's events and extraction's (planted bytecode).
         let all: Vec<AuditEvent> = self
             .audit
@@ -122,7 +153,7 @@ impl Trial {
             .filter(|e| integrity::TAMPERING_KINDS.contains(&e.kind.as_str()))
             .cloned()
             .collect();
-        Ok((!all.is_empty()).then(|| tampered(&all)))
+        Ok(((!all.is_empty()).then(|| tampered(&all)), plugins))
     }
 
     pub(super) async fn evaluate_swebench(
@@ -140,19 +171,9 @@ impl Trial {
                 protected.insert(file.to_string());
             }
         }
-        for f in touched.intersection(&protected) {
-            self.audit.push(AuditEvent {
-                kind: "test_edit".into(),
-                detail: format!("{f} (discarded before grading)"),
-                generation: None,
-            });
-        }
-        let hooks: Vec<String> = touched
-            .iter()
-            .filter(|f| is_collection_hook(f) && !protected.contains(*f))
-            .cloned()
-            .collect();
-        self.audit_hooks(&hooks, "reverted before grading");
+        let test_dirs = hooks::test_dirs(protected.iter().map(String::as_str));
+        let reverts = Reverts::plan(&touched, &protected, &test_dirs, &self.off);
+        self.audit.extend(reverts.events());
         let id = self
             .start_eval_container(&[
                 ("agent.diff", diff.as_bytes()),
@@ -161,8 +182,13 @@ impl Trial {
             .await?;
         let wd = sh_quote(&self.workdir);
         let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
+        let attrs = if self.defended(Defence::GitAttributes) {
+            format!("{}; ", neutral_attributes_script(".git"))
+        } else {
+            String::new()
+        };
         let prep = format!(
-            "cd {wd}; git reset -q --hard {base}; git clean -qfdx; mkdir -p /tmp/lego/out; \
+            "cd {wd}; {attrs}git reset -q --hard {base}; git clean -qfdx; mkdir -p /tmp/lego/out; \
              chown -R {AGENT_USER}:{AGENT_USER} {wd} /tmp/lego/out"
         );
         let tests = test_files
@@ -171,7 +197,8 @@ impl Trial {
             .chain(&self.task.pass_to_pass)
             .map(String::as_str);
         let dirs = integrity::search_dirs(test_cmd, tests);
-        if let Some(verdict) = self.prepare_and_check(&id, &prep, diff, &dirs).await? {
+        let (verdict, plugins) = self.prepare_and_check(&id, &prep, diff, &dirs).await?;
+        if let Some(verdict) = verdict {
             return Ok(verdict);
         }
         let restore = |files: &mut dyn Iterator<Item = &String>| -> String {
@@ -184,8 +211,23 @@ impl Trial {
                 })
                 .collect()
         };
-        let restore_tests = restore(&mut protected.iter());
-        let revert_hooks = restore(&mut hooks.iter());
+        // Hooks (.gitattributes first among them) before the tests, see [`Reverts::in_order`];
+        // with the protected-tests defence off, only the files the agent did not touch are reset.
+        let reverts_sh = restore(&mut reverts.in_order());
+        let untouched_tests: Vec<&String> = protected.iter().filter(|f| !touched.contains(*f)).collect();
+        let restore_tests = if self.defended(Defence::ProtectedTests) {
+            String::new()
+        } else {
+            restore(&mut untouched_tests.into_iter())
+        };
+        // Plugin autoload off: only the image's own plugins load, by name (found above in the
+        // pristine image); no entry point the diff adds is ever read.
+        let autoload = if self.defended(Defence::PluginAutoload) {
+            let p: Vec<String> = plugins.iter().map(|m| format!("-p {}", sh_quote(m))).collect();
+            ("export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1; ", p.join(" "))
+        } else {
+            ("", String::new())
+        };
         let files: Vec<String> = test_files.iter().map(|f| sh_quote(f)).collect();
         // As the non-root user from here on: applying the diff cannot write outside what that
         // user owns (the repository, /tmp/lego/out), whatever a fallback like `patch` does.
@@ -197,11 +239,13 @@ impl Trial {
              elif git reset -q --hard; git apply --binary --reject $D 2>/dev/null; then M='git apply --reject'; \
              elif git reset -q --hard; git clean -qfd; patch --batch --fuzz=5 -p1 -i $D >/dev/null 2>&1; then M='patch --fuzz=5'; \
              else git reset -q --hard; git clean -qfd; M=failed; fi; echo \"LEGO_APPLY=$M\"; \
-             {restore_tests}{revert_hooks}\
+             {reverts_sh}{restore_tests}\
              if [ -s /tmp/lego/test.patch ] && ! git apply --binary /tmp/lego/test.patch; then echo LEGO_TEST_PATCH_FAILED; exit 3; fi; \
-             {SAFE_PYTHON}; \
-             {test_cmd} -rA --junitxml=/tmp/lego/out/junit.xml {files} >/tmp/lego/out/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
+             {SAFE_PYTHON}; {autoload_env}\
+             {test_cmd} {plugins} -rA --junitxml=/tmp/lego/out/junit.xml {files} >/tmp/lego/out/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
             files = files.join(" "),
+            autoload_env = autoload.0,
+            plugins = autoload.1,
         );
         let out = self
             .engine
@@ -209,6 +253,25 @@ impl Trial {
             .await?;
         if out.timed_out && !diff.trim().is_empty() {
             return Ok(timed_out(&out.stdout));
+        }
+        let apply = marker(&out.stdout, "LEGO_APPLY=").map(str::to_string);
+        let log = out.stdout.clone() + &out.stderr;
+        if !out.timed_out && !diff.trim().is_empty() && self.defended(Defence::SabotageCostsReward) {
+            // The test patch applied at the base commit (the task was checked): if it no longer
+            // does, the diff put something in its way; if the script died before its last line,
+            // code of the diff killed it.
+            let kind = if out.stdout.contains("LEGO_TEST_PATCH_FAILED") {
+                Some("test_patch_conflict")
+            } else if marker(&out.stdout, "LEGO_EXIT=").is_none() {
+                Some("grading_killed")
+            } else {
+                None
+            };
+            if let Some(kind) = kind {
+                let (verdict, event) = sabotaged(kind, apply, &log);
+                self.audit.push(event);
+                return Ok(verdict);
+            }
         }
         if out.timed_out || out.stdout.contains("LEGO_TEST_PATCH_FAILED") || out.exit_code != Some(0) {
             return Err(stage_error(format!(
@@ -218,7 +281,6 @@ impl Trial {
                 tail(&(out.stdout + &out.stderr), 2000)
             )));
         }
-        let apply = marker(&out.stdout, "LEGO_APPLY=").map(str::to_string);
         let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
         let short = Duration::from_secs(60);
         let junit = self
@@ -307,11 +369,10 @@ impl Trial {
             ));
         }
         // Hooks are left out of the diff (there is no base repository here to restore from).
-        let hooks: BTreeSet<String> = diff_files(diff)
-            .into_iter()
-            .filter(|f| is_collection_hook(f))
-            .collect();
-        self.audit_hooks(&hooks, "left out before grading");
+        let touched = diff_files(diff);
+        let reverts = Reverts::plan(&touched, &BTreeSet::new(), &BTreeSet::new(), &self.off);
+        self.audit.extend(reverts.events());
+        let hooks: BTreeSet<String> = reverts.in_order().cloned().collect();
         let diff = integrity::drop_sections(diff, &hooks);
         let id = self
             .start_eval_container(&[("agent.diff", diff.as_bytes())])
@@ -322,7 +383,7 @@ impl Trial {
              rm -rf /tests /logs/verifier; mkdir -p {wd} /logs/verifier; chown -R {u} {wd} /logs/verifier"
         );
         let dirs = BTreeSet::from([String::new()]);
-        if let Some(verdict) = self.prepare_and_check(&id, &prep, &diff, &dirs).await? {
+        if let (Some(verdict), _) = self.prepare_and_check(&id, &prep, &diff, &dirs).await? {
             return Ok(verdict);
         }
         let parent = std::path::Path::new(&self.workdir)
@@ -388,8 +449,23 @@ impl Trial {
             .await?
             .stdout;
         let present = |s: &str| s.strip_prefix("LEGO_PRESENT\n").map(str::to_string);
-        let parsed = grade::harbor::parse_reward(present(&json).as_deref(), present(&txt).as_deref())
-            .map_err(|e| stage_error(e.to_string()))?;
+        let parsed = grade::harbor::parse_reward(present(&json).as_deref(), present(&txt).as_deref());
+        // test.sh must finish for its reward to count: killed (by a signal: exit 128+n, or no
+        // exit line at all) or leaving no reward, on a non-empty diff, is the diff's doing.
+        if !diff.trim().is_empty() && self.defended(Defence::SabotageCostsReward) {
+            let kind = match (&parsed, exit_code) {
+                (_, None) => Some("grading_killed"),
+                (_, Some(c)) if c >= 128 => Some("grading_killed"),
+                (Err(grade::GradeError::MissingReward), _) => Some("reward_missing"),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                let (verdict, event) = sabotaged(kind, apply, &log);
+                self.audit.push(event);
+                return Ok(verdict);
+            }
+        }
+        let parsed = parsed.map_err(|e| stage_error(e.to_string()))?;
         let tests = parsed
             .components
             .iter()

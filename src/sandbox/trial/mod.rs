@@ -11,9 +11,10 @@
 //! - extract: every process of the agent user stopped and killed, then `git add -A; git diff --binary`
 //!   against a root-only copy of the base, in a container where nothing of the agent's runs ([`stop`]).
 //! - evaluate: SWE-style tasks in a *fresh* container from the pristine image with no network: apply
-//!   the diff (`git apply`, `--3way`, `--reject`, `patch --fuzz=5`), restore every protected test file,
-//!   revert agent-added collection hooks (conftest.py, pytest.ini, ...; flagged as audit events), apply
-//!   the test patch, run the tests as a non-root user, grade ([`crate::grade`]). Harbor tasks the
+//!   the diff (`git apply`, `--3way`, `--reject`, `patch --fuzz=5`), revert what changes how grading
+//!   starts (collection hooks, ini files, package metadata, start-up hooks: [`crate::grade::hooks`])
+//!   and restore test helpers and every protected test file, in that order ([`revert`]), apply the
+//!   test patch, run the tests as a non-root user with plugin autoload off, grade ([`crate::grade`]). Harbor tasks the
 //!   same way: a fresh container, the diff applied, `/tests` uploaded only then, `test.sh` run as the
 //!   task's verifier user (else non-root). A diff that plants a module shadowing what the grader
 //!   imports, or compiled bytecode, gets reward 0 with reason `grader_tampering` ([`crate::grade::integrity`]).
@@ -22,7 +23,13 @@
 //! The evaluate stage lives in [`evaluate`].
 //!
 //! Failure classes: engine or setup problems are `infra:<stage>` (weight 0 in training); the agent's
-//! own outcomes are `finished`, `agent_timeout`, `agent_crash`.
+//! own outcomes are `finished`, `agent_timeout`, `agent_crash`. Sabotage of extraction or grading
+//! by the diff (a nested repository, a diff over [`TrialLimits::diff_bytes`], a test patch it keeps
+//! from applying, a killed grading shell, no Harbor reward) costs reward, not weight: reward 0 and
+//! an audit event naming it, never `infra:*`.
+//!
+//! Every defence can be switched off one by one, by tests only ([`Defence`]), to show that the
+//! trick it stops really scores without it.
 //!
 //! Memory: the limit covers the whole container. An OOM kill in the agent stage is the agent's doing
 //! (only its processes and the small relay run then, and the agent's processes volunteer as the
@@ -37,12 +44,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod defence;
 mod evaluate;
 mod observe;
+mod revert;
 mod setup;
 mod signals;
 mod stop;
 
+pub use defence::Defence;
 pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};
 pub use signals::{install_signal_sweep, interrupted, park_if_interrupted};
 pub use stop::{agent_command, extract_script, take_outlived, BASE_GIT};
@@ -61,7 +71,13 @@ pub struct TrialLimits {
     pub setup: Duration,
     pub agent: Duration,
     pub eval: Duration,
+    /// The largest diff read (bytes); a larger one gets reward 0 with a `diff_too_large` event.
+    pub diff_bytes: u64,
 }
+
+/// [`TrialLimits::diff_bytes`]' default: far above any real fix, far below what would strain the
+/// host, which holds every trial's diff in memory.
+pub const MAX_DIFF_BYTES: u64 = 32 << 20;
 
 impl TrialLimits {
     /// Limits from the task's timeouts with 4 GiB, 1 CPU and 512 processes.
@@ -73,6 +89,7 @@ impl TrialLimits {
             setup: Duration::from_secs_f64(task.timeouts.setup_s.max(1.0)),
             agent: Duration::from_secs_f64(task.timeouts.agent_s.max(1.0)),
             eval: Duration::from_secs_f64(task.timeouts.eval_s.max(1.0)),
+            diff_bytes: MAX_DIFF_BYTES,
         }
     }
 }
@@ -145,22 +162,7 @@ pub fn diff_files(diff: &str) -> BTreeSet<String> {
     out
 }
 
-/// True for files that can change what pytest collects, how Python starts, or how git applies and
-/// restores files while grading (`.gitattributes`: eol, encoding and filter attributes).
-pub fn is_collection_hook(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    matches!(
-        name,
-        "conftest.py"
-            | ".gitattributes"
-            | "pytest.ini"
-            | "tox.ini"
-            | "setup.cfg"
-            | "pyproject.toml"
-            | "sitecustomize.py"
-            | "usercustomize.py"
-    ) || name.ends_with(".pth")
-}
+pub use crate::grade::hooks::is_collection_hook;
 
 /// One trial: the container(s) and network it owns and what happened so far.
 pub struct Trial {
@@ -190,6 +192,10 @@ pub struct Trial {
     files: Vec<(String, Vec<u8>)>,
     /// Files read back after the agent stage.
     outputs: Vec<String>,
+    /// Defences switched off (tests only; see [`Defence`]).
+    off: BTreeSet<Defence>,
+    /// The size of a diff over [`TrialLimits::diff_bytes`], when extraction found one.
+    too_large: Option<u64>,
     pub stages: BTreeMap<String, StageTiming>,
     pub audit: Vec<AuditEvent>,
 }
@@ -237,6 +243,8 @@ impl Trial {
             proxy_socket: None,
             files: Vec::new(),
             outputs: Vec::new(),
+            off: BTreeSet::new(),
+            too_large: None,
             stages: BTreeMap::new(),
             audit: Vec::new(),
         }
@@ -248,6 +256,18 @@ impl Trial {
     pub fn with_proxy_socket(mut self, host_socket: PathBuf) -> Self {
         self.proxy_socket = Some(host_socket);
         self
+    }
+
+    /// Switches one defence off, for the adversarial tests that show its trick scores without it.
+    /// Never used outside tests.
+    #[doc(hidden)]
+    pub fn without_defence(mut self, defence: Defence) -> Self {
+        self.off.insert(defence);
+        self
+    }
+
+    fn defended(&self, defence: Defence) -> bool {
+        !self.off.contains(&defence)
     }
 
     /// Files (absolute path in the container → bytes) written after setup, before the agent
@@ -509,6 +529,15 @@ impl Trial {
                 }
             };
             result.diff = Some(diff.clone()).filter(|d| !d.is_empty());
+            if self.too_large.is_some() {
+                // Not read, not graded: the agent's doing, so reward 0 (the event says why).
+                result.reward = Some(0.0);
+                result.grader = Some(GraderResult {
+                    reason: Some("diff_too_large".into()),
+                    ..Default::default()
+                });
+                break 'stages;
+            }
             match self.evaluate(&diff).await {
                 Ok((reward, details)) => {
                     result.reward = Some(reward);
@@ -574,7 +603,6 @@ mod tests {
             vec!["src/x.py".to_string(), "tests/conftest.py".to_string()]
         );
         assert!(is_collection_hook("tests/conftest.py"));
-        assert!(is_collection_hook("evil.pth"));
         assert!(is_collection_hook("pyproject.toml"));
         assert!(!is_collection_hook("src/conftest_helper.py"));
     }

@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 
-use super::{now, sh_quote, tail, Trial};
+use super::{now, sh_quote, tail, Defence, Trial};
 use crate::grade::integrity;
 use crate::records::AuditEvent;
 use crate::sandbox::{ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
@@ -96,18 +96,96 @@ pub fn take_outlived(stderr: &str) -> (String, Option<u64>) {
     }
 }
 
-/// The extraction script: `git add -A` (compiled Python left out) then the binary diff against the
-/// base commit, with the base copy as the git directory and every configurable hook off.
-pub fn extract_script(workdir: &str) -> String {
-    format!(
-        "set -e; export GIT_DIR={BASE_GIT} GIT_WORK_TREE={wd} GIT_CONFIG_NOSYSTEM=1 \
-         GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_SOURCE=HEAD HOME=/nonexistent; cd {wd}; \
-         git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false add -A -- . {specs} >/dev/null; \
-         git -c core.fsmonitor=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
-         diff --cached --binary --no-color --no-ext-diff --no-textconv --src-prefix=a/ --dst-prefix=b/ HEAD",
+/// How [`extract_script`] reads the diff: each field is a defence (all on in every real trial;
+/// the adversarial tests switch one off, see [`super::Defence`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ExtractOptions {
+    /// Leave compiled Python out of the diff.
+    pub no_bytecode: bool,
+    /// Neutralise every git attribute (`info/attributes` overrides any `.gitattributes`, on every
+    /// git version; `GIT_ATTR_SOURCE` alone needs git 2.42).
+    pub neutral_attributes: bool,
+    /// Leave nested repositories out of the diff (an empty one makes `git add -A` fail), each
+    /// named on stderr by a [`NESTED_MARK`] line.
+    pub skip_nested: bool,
+    /// The largest diff printed; a larger one prints nothing and a [`TOO_LARGE_MARK`] line on
+    /// stderr (the diff is written to a root-only file first, never held whole in memory here).
+    pub max_bytes: u64,
+}
+
+/// Extraction's stderr line naming a nested repository left out of the diff.
+pub const NESTED_MARK: &str = "LEGO_NESTED ";
+/// Extraction's stderr line giving the size of a diff over the limit.
+pub const TOO_LARGE_MARK: &str = "LEGO_DIFF_TOO_LARGE ";
+
+/// Attributes that override whatever a `.gitattributes` of the agent's says (`!attr`: unset, git's
+/// own detection applies).
+const NEUTRAL_ATTRIBUTES: &str =
+    "* !text !eol !filter !working-tree-encoding !ident !diff !merge !export-subst";
+
+/// Shell that writes [`NEUTRAL_ATTRIBUTES`] to `$git_dir/info/attributes`.
+pub fn neutral_attributes_script(git_dir: &str) -> String {
+    format!("mkdir -p {git_dir}/info && printf '%s\\n' '{NEUTRAL_ATTRIBUTES}' > {git_dir}/info/attributes")
+}
+
+/// The extraction script: `git add -A` (compiled Python and nested repositories left out) then the
+/// binary diff against the base commit, with the base copy as the git directory and every
+/// configurable hook off.
+pub fn extract_script(workdir: &str, o: ExtractOptions) -> String {
+    let specs = if o.no_bytecode {
+        integrity::NO_BYTECODE_PATHSPECS
+    } else {
+        ""
+    };
+    let attrs = if o.neutral_attributes {
+        format!("{}; ", neutral_attributes_script(BASE_GIT))
+    } else {
+        "rm -f {BASE_GIT}/info/attributes; ".replace("{BASE_GIT}", BASE_GIT)
+    };
+    let nested = if o.skip_nested {
+        format!(
+            "find . -path ./.git -prune -o -name .git -prune -print > {STATE}/nested; \
+             while IFS= read -r g; do d=${{g#./}}; d=${{d%/.git}}; echo \"{NESTED_MARK}$d\" >&2; \
+             set -- \"$@\" \":(exclude,literal)$d\"; done < {STATE}/nested; "
+        )
+    } else {
+        String::new()
+    };
+    let script = format!(
+        "set -e; set --; export GIT_DIR={BASE_GIT} GIT_WORK_TREE={wd} GIT_CONFIG_NOSYSTEM=1 \
+         GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_SOURCE=HEAD HOME=/nonexistent; cd {wd}; {attrs}{nested}\
+         git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false \
+         -c core.attributesFile=/dev/null add -A -- . {specs} \"$@\" >/dev/null; \
+         git -c core.fsmonitor=false -c diff.noprefix=false -c diff.mnemonicPrefix=false -c core.attributesFile=/dev/null \
+         diff --cached --binary --no-color --no-ext-diff --no-textconv --src-prefix=a/ --dst-prefix=b/ HEAD > {STATE}/agent.diff; \
+         s=$(stat -c %s {STATE}/agent.diff); \
+         if [ \"$s\" -gt {max} ]; then echo \"{TOO_LARGE_MARK}$s\" >&2; else cat {STATE}/agent.diff; fi; rm -f {STATE}/agent.diff",
         wd = sh_quote(workdir),
-        specs = integrity::NO_BYTECODE_PATHSPECS,
-    )
+        max = o.max_bytes,
+    );
+    if o.neutral_attributes {
+        script
+    } else {
+        script
+            .replace(" GIT_ATTR_SOURCE=HEAD", "")
+            .replace(" -c core.attributesFile=/dev/null", "")
+    }
+}
+
+/// The root-only directory that holds [`BASE_GIT`] and extraction's scratch files.
+const STATE: &str = "/var/lib/lego-rl";
+
+/// Nested repositories and the size of an over-limit diff, from [`extract_script`]'s stderr.
+pub fn extract_marks(stderr: &str) -> (Vec<String>, Option<u64>) {
+    let nested = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(NESTED_MARK))
+        .map(str::to_string)
+        .collect();
+    let big = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(TOO_LARGE_MARK)?.trim().parse().ok());
+    (nested, big)
 }
 
 /// Lists files kept out of the diff by ignore rules, with the rule that ignores each
@@ -115,7 +193,7 @@ pub fn extract_script(workdir: &str) -> String {
 pub fn ignored_script(workdir: &str) -> String {
     format!(
         "export GIT_DIR={BASE_GIT} GIT_WORK_TREE={wd} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null \
-         GIT_ATTR_SOURCE=HEAD HOME=/nonexistent; cd {wd}; git ls-files -o -i --exclude-standard --directory -- . {specs} | head -1000 | \
+         GIT_ATTR_SOURCE=HEAD HOME=/nonexistent; cd {wd}; git -c core.attributesFile=/dev/null ls-files -o -i --exclude-standard --directory -- . {specs} | head -1000 | \
          git check-ignore -v --no-index --stdin; true",
         wd = sh_quote(workdir),
         specs = integrity::NO_BYTECODE_PATHSPECS,
@@ -286,8 +364,32 @@ impl Trial {
                 message: tail(&out.stderr, 2000),
             });
         }
-        if let Some(event) = integrity::bytecode_event(&scan.stdout) {
-            self.audit.push(event);
+        let (nested, too_large) = extract_marks(&out.stderr);
+        if !nested.is_empty() {
+            self.audit.push(AuditEvent {
+                kind: "nested_repo".into(),
+                detail: format!(
+                    "nested repositories left out of the diff (not graded): {}",
+                    nested.join(", ")
+                ),
+                generation: None,
+            });
+        }
+        if let Some(size) = too_large {
+            self.too_large = Some(size);
+            self.audit.push(AuditEvent {
+                kind: "diff_too_large".into(),
+                detail: format!(
+                    "the diff is {size} bytes, over the {} byte limit: not read, reward 0",
+                    self.limits.diff_bytes
+                ),
+                generation: None,
+            });
+        }
+        if self.defended(Defence::Bytecode) {
+            if let Some(event) = integrity::bytecode_event(&scan.stdout) {
+                self.audit.push(event);
+            }
         }
         if let Some(event) = hidden_event(&hidden.stdout, &out.stdout) {
             self.audit.push(event);
@@ -298,17 +400,32 @@ impl Trial {
     /// The three reads of extraction in container `cid`: the diff, the bytecode scan, the ignored
     /// files.
     async fn read_change(&self, cid: &str) -> Result<(ExecOutput, ExecOutput, ExecOutput), SandboxError> {
+        let scan = if self.defended(Defence::SpecialFiles) {
+            integrity::BYTECODE_SCAN_PY.to_string()
+        } else {
+            integrity::BYTECODE_SCAN_PY.replace("if not stat.S_ISREG(os.stat(p).st_mode):", "if False:")
+        };
         let scan_script = format!(
             "cd {} && python3 -I -c {} 2>/dev/null; true",
             sh_quote(&self.workdir),
-            sh_quote(integrity::BYTECODE_SCAN_PY)
+            sh_quote(&scan)
         );
         let run = |script: String| async move {
             self.engine
                 .exec(cid, "root", "/", &[], &script, self.limits.setup)
                 .await
         };
-        let out = run(extract_script(&self.workdir)).await?;
+        let options = ExtractOptions {
+            no_bytecode: self.defended(Defence::Bytecode),
+            neutral_attributes: self.defended(Defence::GitAttributes),
+            skip_nested: self.defended(Defence::NestedRepo),
+            max_bytes: if self.defended(Defence::DiffCap) {
+                self.limits.diff_bytes
+            } else {
+                u64::MAX / 2
+            },
+        };
+        let out = run(extract_script(&self.workdir, options)).await?;
         let scan = run(scan_script).await?;
         let hidden = run(ignored_script(&self.workdir)).await?;
         Ok((out, scan, hidden))
@@ -378,6 +495,14 @@ mod tests {
     }
 
     #[test]
+    fn extraction_marks_parse() {
+        let (nested, big) = extract_marks("LEGO_NESTED sub\nLEGO_NESTED a b/c\nLEGO_DIFF_TOO_LARGE 123\n");
+        assert_eq!(nested, ["sub", "a b/c"]);
+        assert_eq!(big, Some(123));
+        assert_eq!(extract_marks("warning\n"), (Vec::new(), None));
+    }
+
+    #[test]
     fn only_ignore_rules_the_agent_wrote_hide_files() {
         let diff = "diff --git a/.gitignore b/.gitignore\nnew file mode 100644\n";
         let ignored = ".gitignore:1:pytest.py\tpytest.py\nbuild/.gitignore:1:*\tbuild/x\n";
@@ -403,7 +528,14 @@ mod tests {
 
     #[test]
     fn scripts_quote_the_workdir_and_keep_the_agents_git_out() {
-        let s = extract_script("/app dir");
+        let o = ExtractOptions {
+            no_bytecode: true,
+            neutral_attributes: true,
+            skip_nested: true,
+            max_bytes: 10,
+        };
+        let s = extract_script("/app dir", o);
+        assert!(s.contains("info/attributes") && s.contains("-gt 10") && s.contains(NESTED_MARK));
         assert!(s.contains("GIT_WORK_TREE='/app dir'"));
         assert!(s.contains(&format!("GIT_DIR={BASE_GIT}")));
         let w = agent_command("echo 'hi'", &[]);

@@ -1,0 +1,35 @@
+//! The grader's defences, named so that the adversarial tests can switch one off and show that its
+//! trick really scores without it. Only [`super::Trial::without_defence`] (doc-hidden, used by
+//! tests alone; no subcommand or setting reaches it) changes them: a trial always runs with every
+//! defence on.
+
+/// One defence of extraction and grading.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Defence {
+    /// A new module shadowing what the grader imports gets reward 0 (`shadowing`).
+    Shadowing,
+    /// Compiled Python is left out of the diff and planted bytecode gets reward 0 (`bytecode`).
+    Bytecode,
+    /// Special files (FIFOs, devices) are skipped by the scans of the agent's tree.
+    SpecialFiles,
+    /// `conftest.py`, every pytest ini file and `.gitattributes` of the diff are reverted.
+    CollectionHooks,
+    /// Package metadata, `.pth` files and `sitecustomize`/`usercustomize` are reverted.
+    StartupHooks,
+    /// pytest's plugin autoload is off; the image's own plugins are loaded by `-p`.
+    PluginAutoload,
+    /// Test-package `__init__.py` and helpers beside the tests are restored from the base commit.
+    TestHelpers,
+    /// The task's test files are restored from the base commit.
+    ProtectedTests,
+    /// git attributes come from the base commit and lego-rl's override, never from the agent.
+    GitAttributes,
+    /// Nested repositories are left out of the diff instead of failing extraction.
+    NestedRepo,
+    /// A diff over the size limit is not read (reward 0, `diff_too_large`).
+    DiffCap,
+    /// Failures the diff causes while grading (a test patch that no longer applies, a killed
+    /// grading shell, a missing reward file) give reward 0 with an event, not `infra:evaluate`.
+    SabotageCostsReward,
+}
