@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::Outcome;
 use crate::cli::GlobalArgs;
+use crate::report::advisories::Thresholds;
 use crate::report::{serve, write_static, StaticSettings};
 
 /// Default address of the live UI (loopback only: the page shows prompts and code).
@@ -29,8 +30,21 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// after a failed command) are inferred from the OpenAI/Anthropic requests the proxy captured;
 /// the rules are in the page's "Behaviour" section and in src/report/behaviour.rs.
 ///
+/// Run-health advisories are the soft layer under `validate`'s gates: warnings, per step, when a
+/// figure crosses its threshold while the gates may still pass. They head the page and the live
+/// UI and go to OUT/advisories.json. Defaults (change with `--advisory NAME=VALUE`, switch one
+/// off with `NAME=off`):
+///   zero_variance_group_fraction >= 0.5   truncated_fraction >= 0.25
+///   infra_failure_fraction >= 0.05        malformed_tool_call_rate >= 0.1
+///   staleness_mean >= 1.5                 logprob_pearson < 0.995
+///   prefix_cache_hit_rate < 0.5           audit (any audit kind's trajectory fraction) > 0
+///   response_tokens_growth >= 1.5 (over the run's first steps; from 3 steps on)
+///   logprob_pearson_decline >= 0.002 (below the best of the 3 previous steps; from 3 steps on)
+/// `audit:KIND=VALUE` sets one audit kind's threshold.
+///
 /// Example:
 ///   lego-rl report run/ -o run/report/
+///   lego-rl report run/ -o run/report/ --advisory truncated_fraction=0.1 --advisory audit=off
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
@@ -50,6 +64,9 @@ pub struct ReportArgs {
     /// Address to serve on (port 0 picks a free port; the address is printed on stdout).
     #[arg(long, default_value = DEFAULT_BIND, requires = "serve")]
     pub bind: String,
+    /// Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above).
+    #[arg(long = "advisory", value_name = "NAME=VALUE")]
+    pub advisories: Vec<String>,
 }
 
 /// Runs `report`.
@@ -57,9 +74,12 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     if !args.run.is_dir() {
         anyhow::bail!("{}: not a directory", args.run.display());
     }
+    let thresholds = Thresholds::default()
+        .with_overrides(&args.advisories)
+        .map_err(anyhow::Error::msg)?;
     if args.serve {
         let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-        rt.block_on(serve::serve(&args.run, &args.bind, |addr| {
+        rt.block_on(serve::serve(&args.run, &args.bind, thresholds, |addr| {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "serving {} on http://{addr}/", args.run.display());
             let _ = out.flush();
@@ -71,6 +91,7 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         run: args.run,
         max_trajectories: args.max_trajectories,
         strict: global.strict,
+        advisories: thresholds,
     };
     let w = write_static(&settings)?;
     let mut out = std::io::stdout().lock();

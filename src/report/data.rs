@@ -118,6 +118,8 @@ pub struct ReportData {
     pub trajectories: Vec<TrajSummary>,
     /// Details embedded in the page (static mode); live mode fetches them.
     pub details: BTreeMap<String, TrajDetail>,
+    /// Run-health advisories over `steps` (filled by the caller, which knows the thresholds).
+    pub advisories: Vec<super::advisories::Advisory>,
 }
 
 #[derive(Default)]

@@ -2,6 +2,7 @@
 //! over steps, behaviour diagnostics and a trajectory browser, and a live read-only server that
 //! follows a run's growing files.
 
+pub mod advisories;
 pub mod behaviour;
 pub mod data;
 pub mod html;
@@ -48,6 +49,8 @@ pub struct StaticSettings {
     /// Trajectory details embedded in the page.
     pub max_trajectories: usize,
     pub strict: bool,
+    /// Run-health advisory thresholds (`advisories.json`, the page's "Health" section).
+    pub advisories: advisories::Thresholds,
 }
 
 /// What a static report wrote.
@@ -72,7 +75,8 @@ pub fn write_static(s: &StaticSettings) -> Result<Written, ReportError> {
         strict: s.strict,
         torn_tail: TornTail::Error,
     };
-    let d = data::build(&files, opts, Some(s.max_trajectories))?;
+    let mut d = data::build(&files, opts, Some(s.max_trajectories))?;
+    d.advisories = advisories::advise(&d.steps, &s.advisories);
     std::fs::create_dir_all(&s.output).map_err(|source| ReportError::CreateDir {
         path: s.output.clone(),
         source,
@@ -83,6 +87,14 @@ pub fn write_static(s: &StaticSettings) -> Result<Written, ReportError> {
         write_plain(&p, &bytes)?;
         written.push(p);
     }
+    let p = s.output.join("advisories.json");
+    let file = advisories::AdvisoriesFile {
+        schema: advisories::SCHEMA,
+        thresholds: &s.advisories,
+        advisories: &d.advisories,
+    };
+    write_plain(&p, &serde_json::to_vec_pretty(&file)?)?;
+    written.push(p);
     let p = s.output.join("index.html");
     write_plain(&p, html::page(&d)?.as_bytes())?;
     written.push(p);

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
+use super::advisories::{advise, Thresholds};
 use super::data;
 use super::{html, ReportError};
 use crate::io::{ReadOptions, TornTail};
@@ -28,6 +29,7 @@ type Signature = Vec<(PathBuf, u64, Option<SystemTime>)>;
 
 struct Served {
     run: PathBuf,
+    thresholds: Thresholds,
     cache: Mutex<Option<(Signature, Arc<String>)>>,
 }
 
@@ -69,7 +71,8 @@ impl Served {
                 }
             }
         }
-        let d = data::build(&files, OPTS, None)?;
+        let mut d = data::build(&files, OPTS, None)?;
+        d.advisories = advise(&d.steps, &self.thresholds);
         let json = Arc::new(html::script_json(&d)?);
         if let Ok(mut cache) = self.cache.lock() {
             *cache = Some((sig, json.clone()));
@@ -147,10 +150,11 @@ async fn trajectory(State(s): State<Arc<Served>>, Query(q): Query<IdQuery>) -> R
     }
 }
 
-/// The router of the live UI for `run`.
-pub fn router(run: &Path) -> Router {
+/// The router of the live UI for `run`, with run-health advisories under `thresholds`.
+pub fn router(run: &Path, thresholds: Thresholds) -> Router {
     let state = Arc::new(Served {
         run: run.to_path_buf(),
+        thresholds,
         cache: Mutex::new(None),
     });
     Router::new()
@@ -163,7 +167,12 @@ pub fn router(run: &Path) -> Router {
 
 /// Serves `run` on `bind` until the process is stopped; `on_listen` gets the bound address
 /// (useful with port 0).
-pub async fn serve(run: &Path, bind: &str, on_listen: impl FnOnce(SocketAddr)) -> Result<(), ReportError> {
+pub async fn serve(
+    run: &Path,
+    bind: &str,
+    thresholds: Thresholds,
+    on_listen: impl FnOnce(SocketAddr),
+) -> Result<(), ReportError> {
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .map_err(|source| ReportError::Bind {
@@ -172,7 +181,7 @@ pub async fn serve(run: &Path, bind: &str, on_listen: impl FnOnce(SocketAddr)) -
         })?;
     let addr = listener.local_addr().map_err(ReportError::Serve)?;
     on_listen(addr);
-    axum::serve(listener, router(run))
+    axum::serve(listener, router(run, thresholds))
         .await
         .map_err(ReportError::Serve)
 }

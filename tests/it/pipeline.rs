@@ -151,6 +151,12 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
         html.contains("inflection__ordinal-teens"),
         "report lists the task"
     );
+    // The run-health advisories stay quiet on a healthy run (mixed rewards, no truncation, no
+    // infra failures or audit events, Pearson ≈ 1, two steps: no trend yet).
+    let adv: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("report/advisories.json")).expect("advisories.json"))
+            .unwrap();
+    assert_eq!(adv["advisories"], serde_json::json!([]), "{adv:#}");
 }
 
 /// Also the issue-27 pipeline on the paper's model family: `rollout --forced` through the proxy

@@ -160,6 +160,68 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     let tasks = std::fs::read_to_string(out_dir.join("tasks.csv")).unwrap();
     assert_eq!(tasks.lines().count(), 5);
 
+    // Run-health advisories: every synth step ends a quarter of its trajectories at max_turns
+    // (Miles' truncation threshold, 0.25, fires) and a quarter read git history (any audit event
+    // fires); its Pearson (0.998 then 0.997) stays above 0.995 and declines by less than 0.002.
+    let adv: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("advisories.json")).unwrap()).unwrap();
+    assert_eq!(adv["schema"], "lego-rl/advisories/v1");
+    assert_eq!(adv["thresholds"]["values"]["truncated_fraction"], 0.25);
+    let fired: Vec<(String, u64, f64)> = adv["advisories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["name"].as_str().unwrap().to_string(),
+                a["step"].as_u64().unwrap(),
+                a["value"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    for step in 0..3 {
+        for name in ["truncated_fraction", "audit:git_history"] {
+            assert!(
+                fired.contains(&(name.to_string(), step, 0.25)),
+                "{name} at step {step}: {fired:?}"
+            );
+        }
+    }
+    assert!(
+        fired.iter().all(|(n, ..)| !n.starts_with("logprob_pearson")),
+        "{fired:?}"
+    );
+    // Thresholds are the user's: raised or switched off, those advisories are quiet.
+    let quiet_dir = dir.path().join("quiet");
+    lego()
+        .args([
+            "report",
+            "--advisory",
+            "truncated_fraction=0.3",
+            "--advisory",
+            "audit=off",
+            "-o",
+        ])
+        .arg(&quiet_dir)
+        .arg(&run)
+        .assert()
+        .success();
+    let quiet = std::fs::read_to_string(quiet_dir.join("advisories.json")).unwrap();
+    assert!(
+        !quiet.contains("\"truncated_fraction\",") && !quiet.contains("\"audit:"),
+        "{quiet}"
+    );
+    let out = lego()
+        .args(["report", "--advisory", "truncation=0.3", "-o"])
+        .arg(dir.path().join("bad"))
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown advisory \"truncation\""), "{err}");
+    assert!(!dir.path().join("bad").exists(), "nothing written on a bad flag");
+
     let html = std::fs::read_to_string(out_dir.join("index.html")).unwrap();
     assert!(
         !html.contains("http://") && !html.contains("https://"),
@@ -211,6 +273,10 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     assert!(
         dom.contains(&format!("id=\"detail-title\">Trajectory {id}")),
         "trajectory opened"
+    );
+    assert!(
+        dom.contains("<tr class=\"advisory\" data-name=\"truncated_fraction\">"),
+        "advisories shown on the page"
     );
     assert_eq!(tool_calls(&dom), 6, "its six tool calls");
     assert!(dom.contains("data-name=\"str_replace_editor\" data-action=\"edit\""));
@@ -305,6 +371,15 @@ fn live_server_follows_a_growing_run() {
     let v = summary(&addr);
     assert_eq!(v["trajectory_count"], 16);
     assert_eq!(v["live"], true);
+    assert!(
+        v["advisories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "truncated_fraction"),
+        "the live summary carries the advisories: {}",
+        v["advisories"]
+    );
     assert_eq!(v["steps"].as_array().unwrap().len(), 1);
     // A producer appends a new step's file, one committed frame, plus a torn tail.
     let path = run.join("trajectories/step-000001.jsonl.zst");
