@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Generates the tiny test checkpoints and their transformers references, deterministically.
 
-Three checkpoints, each chosen by the basename of OUT: ``tiny-qwen3-moe`` (below),
-``tiny-qwen3.5-moe`` and ``tiny-qwen3-next`` (see build_qwen35 / build_qwen3_next: the hybrid
-Gated DeltaNet + gated attention family). Without OUT, all three under testdata/models/generated.
+Four checkpoints, each chosen by the basename of OUT: ``tiny-qwen3-moe`` (below), its bfloat16
+copy ``tiny-qwen3-moe-bf16`` (build_bf16), ``tiny-qwen3.5-moe`` and ``tiny-qwen3-next`` (see
+build_qwen35 / build_qwen3_next: the hybrid Gated DeltaNet + gated attention family). Without
+OUT, all four under testdata/models/generated.
 
 The checkpoint is 39 MB (the real 151936-token vocabulary, tied embeddings), too big to commit,
 so tests and setup produce it here instead: hidden 64, 3 layers with layer 1 dense
@@ -18,7 +19,7 @@ published checkpoint.
 Idempotent: only adds missing tokenizer files when OUT already has reference.json. Writes into a temp dir and renames,
 so concurrent runs or a crash never leave a half-written OUT.
 
-Usage: make_tiny_models.py [OUT]   (default: all three under testdata/models/generated)
+Usage: make_tiny_models.py [OUT]   (default: all four under testdata/models/generated)
 """
 import filecmp
 import os
@@ -35,6 +36,35 @@ from hf_reference import reference  # noqa: E402
 
 
 def build(out):
+    model = tiny_moe_model()
+    model.save_pretrained(out)
+    rng = random.Random(0)
+    sequences = [
+        {"name": "random40", "input_ids": [rng.randrange(151643) for _ in range(40)]},
+        {"name": "random17", "input_ids": [rng.randrange(151643) for _ in range(17)]},
+        {"name": "chat", "input_ids": [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271]},
+    ]
+    ref = reference(out, sequences)
+    ref["model"] = "tiny-qwen3-moe (scripts/make_tiny_models.py)"
+    import json
+
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(ref, f)
+
+
+def build_bf16(out):
+    """The tiny Qwen3-MoE's weights rounded to bfloat16 and saved as bfloat16 (every published
+    Qwen checkpoint's dtype): the mixed-precision tests train it against an fp32 run from the
+    same, bf16-exact, weights. ``reference.json`` only names it (no transformers reference)."""
+    model = tiny_moe_model().to(torch.bfloat16)
+    model.save_pretrained(out)
+    import json
+
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump({"model": "tiny-qwen3-moe-bf16 (scripts/make_tiny_models.py)", "dtype": "bfloat16"}, f)
+
+
+def tiny_moe_model():
     torch.manual_seed(0)
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=151936,
@@ -65,19 +95,7 @@ def build(out):
             gate = getattr(layer.mlp, "gate", None)
             if gate is not None:
                 gate.weight.normal_(0.0, 0.5)
-    model.save_pretrained(out)
-    rng = random.Random(0)
-    sequences = [
-        {"name": "random40", "input_ids": [rng.randrange(151643) for _ in range(40)]},
-        {"name": "random17", "input_ids": [rng.randrange(151643) for _ in range(17)]},
-        {"name": "chat", "input_ids": [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271]},
-    ]
-    ref = reference(out, sequences)
-    ref["model"] = "tiny-qwen3-moe (scripts/make_tiny_models.py)"
-    import json
-
-    with open(os.path.join(out, "reference.json"), "w") as f:
-        json.dump(ref, f)
+    return model
 
 
 def hybrid_sequences():
@@ -226,7 +244,12 @@ def build_qwen3_next(out):
     write_reference(out, "tiny-qwen3-next")
 
 
-BUILDERS = {"tiny-qwen3-moe": build, "tiny-qwen3.5-moe": build_qwen35, "tiny-qwen3-next": build_qwen3_next}
+BUILDERS = {
+    "tiny-qwen3-moe": build,
+    "tiny-qwen3-moe-bf16": build_bf16,
+    "tiny-qwen3.5-moe": build_qwen35,
+    "tiny-qwen3-next": build_qwen3_next,
+}
 
 
 TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "tokenizer", "qwen3")

@@ -7,7 +7,7 @@
 #  2. `.libtorch` -> <venv>/…/site-packages/torch, read by .cargo/config.toml (LIBTORCH) and by
 #     build.rs, which bakes an rpath so `target/release/lego-rl` runs with no exported variables.
 #  3. The release binary.
-#  4. The generated test/demo artifacts: the tiny Qwen3-MoE, Qwen3.5-MoE and Qwen3-Next checkpoints
+#  4. The generated test/demo artifacts: the tiny Qwen3-MoE (fp32 and bf16), Qwen3.5-MoE and Qwen3-Next checkpoints
 #     (scripts/make_tiny_models.py, ~40 MB each,
 #     deterministic, git-ignored) and the Debian base image for task containers
 #     (scripts/bootstrap-base-image.sh: debootstrap + docker import; reused when present).
@@ -64,8 +64,8 @@ if [ "${LEGO_RL_SKIP_BUILD:-0}" != 1 ]; then
   say "building target/release/lego-rl"
   (cd "$root" && cargo build --release --locked --quiet 2>&1 | grep -v '^$' >&2 || exit "${PIPESTATUS[0]}")
 fi
-say "tiny Qwen3-MoE, Qwen3.5-MoE and Qwen3-Next checkpoints (testdata/models/generated)"
-for tiny in tiny-qwen3-moe tiny-qwen3.5-moe tiny-qwen3-next; do
+say "tiny Qwen3-MoE (fp32 and bf16), Qwen3.5-MoE and Qwen3-Next checkpoints (testdata/models/generated)"
+for tiny in tiny-qwen3-moe tiny-qwen3-moe-bf16 tiny-qwen3.5-moe tiny-qwen3-next; do
   "$py" "$root/scripts/make_tiny_models.py" "$root/testdata/models/generated/$tiny" >&2
 done
 

@@ -6,6 +6,10 @@
 # (--logprob-chunk 0, the trainer before the chunked head) and with the default chunked head, so
 # the before/after ratios come from the same run. Both sides get the same intra-op thread count
 # (OMP_NUM_THREADS, default: all cores; the peer prints torch.get_num_threads()).
+# The bf16 column: the same step on the checkpoint in bfloat16 (`--dtype bfloat16`: weights and
+# compute in bf16, fp32 master weights, gradients reduced and clipped in fp32) against PyTorch's
+# own bf16 step with fp32 masters (train_reference.py step-bf16), same samples, same run. CPU bf16
+# is slow on both sides; the ratio is the figure. BF16=0 skips it.
 # Usage: scripts/bench/train.sh [N_SEQS] [LEN]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,7 +36,13 @@ print(json.loads(d.splitlines()[-1])['tokens_per_second'])" "$work/metrics.jsonl
 }
 before=$(ours --logprob-chunk 0)
 after=$(ours)
-"$py" - "$before" "$after" "$peer" "$(basename "$ckpt")" <<'PY'
+peer16=null
+ours16=0
+if [ "${BF16:-1}" != 0 ]; then
+  peer16=$("$py" scripts/bench/train_reference.py step-bf16 "$ckpt" "$work/samples.jsonl" 2>/dev/null | tail -1)
+  ours16=$(ours --dtype bfloat16)
+fi
+"$py" - "$before" "$after" "$peer" "$(basename "$ckpt")" "$peer16" "$ours16" <<'PY'
 import json, sys
 before, after = float(sys.argv[1]), float(sys.argv[2])
 peer = json.loads(sys.argv[3])
@@ -41,4 +51,9 @@ print(f"train-step {sys.argv[4]} CPU, {peer['threads']} torch threads both sides
 print(f"  pytorch                         {p:8.0f} tok/s")
 print(f"  lego-rl unchunked head          {before:8.0f} tok/s  ratio {before / p:.2f}x")
 print(f"  lego-rl chunked head (default)  {after:8.0f} tok/s  ratio {after / p:.2f}x")
+peer16 = json.loads(sys.argv[5])
+if peer16:
+    p16, o16 = peer16["tokens_per_second"], float(sys.argv[6])
+    print(f"  bf16 + fp32 masters: pytorch    {p16:8.0f} tok/s")
+    print(f"  bf16 + fp32 masters: lego-rl    {o16:8.0f} tok/s  ratio {o16 / p16:.2f}x")
 PY

@@ -10,10 +10,45 @@
 # micro-batch). CKPT=DIR picks the checkpoint (default: the tiny Qwen3-MoE, whose 151936-token
 # vocabulary makes the head's logits the largest tensors; CKPT=testdata/models/tiny-qwen3, 4096
 # tokens, shows the activation side instead).
+#
+# scripts/bench/train_memory.sh masters: the optimizer state per rank of a bf16 checkpoint (the tiny
+# Qwen3-MoE in bf16: fp32 moments + fp32 master weights), measured by the step (its metrics'
+# optimizer_state_bytes, from the live tensors) at world 1 and at world 2 with --zero 1, against
+# the optimizer + master rows of `--plan` for the same launch.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 py=${LEGO_RL_PYTHON:-$root/.venv/bin/python}
+if [ "${1:-}" = masters ]; then
+  ckpt=testdata/models/generated/tiny-qwen3-moe-bf16
+  "$py" scripts/make_tiny_models.py "$ckpt"
+  [ -x target/release/lego-rl ] || cargo build --release --quiet
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$py" scripts/bench/train_reference.py make-samples "$ckpt" "$work/samples.jsonl" 8 64 32 0 2>/dev/null
+  printf 'optimizer state per rank, %s (bf16 weights, fp32 moments and masters), CPU\n' "$(basename "$ckpt")"
+  for world in 1 2; do
+    zero=$((world > 1 ? 1 : 0))
+    target/release/lego-rl -q train-step --checkpoint "$ckpt" -i "$work/samples.jsonl" --out "$work/out-$world" \
+      --metrics "$work/m-$world.jsonl.zst" --micro-batch-tokens 64 --lr 1e-5 --nproc-per-node "$world" --zero "$zero"
+    target/release/lego-rl train-step --plan --format json --checkpoint "$ckpt" --world-size "$world" --zero "$zero" \
+      >"$work/plan-$world.json"
+    "$py" - "$work/m-$world.jsonl.zst" "$work/plan-$world.json" "$world" "$zero" <<'PY'
+import json, sys, zstandard
+d = zstandard.ZstdDecompressor().stream_reader(open(sys.argv[1], 'rb'), read_across_frames=True).read().decode()
+m = json.loads(d.splitlines()[-1])
+plan = json.load(open(sys.argv[2]))
+measured = m["optimizer_state_bytes"]
+moments, masters = plan["optimizer"], plan["masters"]
+planned = moments["dense"] + moments["experts"] + masters["dense"] + masters["experts"]
+mib = 1 << 20
+print(f"  world {sys.argv[3]}, ZeRO-{sys.argv[4]}: measured {measured / mib:8.2f} MiB, plan {planned / mib:8.2f} MiB "
+      f"(moments {(moments['dense'] + moments['experts']) / mib:.2f} + masters {(masters['dense'] + masters['experts']) / mib:.2f}), "
+      f"measured/plan {measured / planned:.4f}")
+PY
+  done
+  exit 0
+fi
 n=${1:-2}
 len=${2:-3072}
 chunk=${3:-256}

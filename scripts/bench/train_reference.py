@@ -10,6 +10,11 @@ step CKPT SAMPLES.jsonl
     forward+backward over the batch, grad clip 1.0, AdamW. Prints tokens/s (all tokens of the
     batch over the step's wall time, as lego-rl's step metrics count them). No routing replay:
     transformers has none, which only makes this peer cheaper.
+step-bf16 CKPT SAMPLES.jsonl
+    The same step with the model in bfloat16 and fp32 master weights, as mixed precision does it
+    in PyTorch (Megatron, FSDP): AdamW on fp32 copies of the parameters, gradients upcast to fp32
+    and clipped there, the bf16 weights copied from the updated masters. The bf16 column of
+    scripts/bench/train.sh.
 """
 import base64
 import json
@@ -22,8 +27,8 @@ import torch
 import transformers
 
 
-def load(ckpt):
-    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+def load(ckpt, dtype=torch.float32):
+    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, attn_implementation="eager")
 
 
 def make_samples(ckpt, out, n, length, prompt, seed):
@@ -63,10 +68,12 @@ def make_samples(ckpt, out, n, length, prompt, seed):
             f.write(json.dumps(rec) + "\n")
 
 
-def step(ckpt, samples_path):
-    model = load(ckpt).train()
+def step(ckpt, samples_path, bf16=False):
+    model = load(ckpt, torch.bfloat16 if bf16 else torch.float32).train()
     samples = [json.loads(line) for line in open(samples_path)]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    params = [p for p in model.parameters() if p.requires_grad]
+    masters = [p.detach().float().clone().requires_grad_(True) for p in params] if bf16 else params
+    opt = torch.optim.AdamW(masters, lr=1e-6, weight_decay=0.01)
     t0 = time.perf_counter()
     ids = torch.tensor([s["token_ids"] for s in samples])
     prompt = samples[0]["loss_mask"][0]
@@ -83,8 +90,15 @@ def step(ckpt, samples_path):
     s = torch.exp((lp - old).mean(1))
     loss = -torch.min(s * adv, s.clamp(1 - 3e-4, 1 + 4e-4) * adv).mean()
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if bf16:
+        for m, p in zip(masters, params):
+            m.grad = None if p.grad is None else p.grad.float()
+    torch.nn.utils.clip_grad_norm_(masters, 1.0)
     opt.step()
+    if bf16:
+        with torch.no_grad():
+            for m, p in zip(masters, params):
+                p.copy_(m)
     elapsed = time.perf_counter() - t0
     print(json.dumps({"tokens_per_second": ids.numel() / elapsed, "seconds": elapsed, "loss": loss.item(), "threads": torch.get_num_threads()}))
 
@@ -95,5 +109,7 @@ if __name__ == "__main__":
         make_samples(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]))
     elif sys.argv[1:2] == ["step"]:
         step(sys.argv[2], sys.argv[3])
+    elif sys.argv[1:2] == ["step-bf16"]:
+        step(sys.argv[2], sys.argv[3], bf16=True)
     else:
         sys.exit(__doc__)

@@ -235,6 +235,8 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         }
         tracing::info!(rank = pg.rank(), world_size = pg.world_size(), %backend, ?device, "joined the process group");
     }
+    // Collectives run on the model's device (cuda:LOCAL_RANK for NCCL unless one GPU per task).
+    let pg = pg.with_device(device);
     let kind = args
         .dtype
         .as_deref()

@@ -1,4 +1,5 @@
-//! The collectives of a [`ProcessGroup`]: each checks its tensors, runs under the group's
+//! The collectives of a [`ProcessGroup`]: each checks its tensors (on the group's device,
+//! contiguous), runs under the group's
 //! timeout and names the rank, the collective and what it moved when it fails. On a world of one
 //! process each is the identity.
 
@@ -6,10 +7,11 @@ use std::ffi::{c_char, c_int, c_void};
 
 use tch::Tensor;
 
-use super::{ffi, take_err, DistError, ProcessGroup, ReduceOp};
+use super::{device_name, ffi, take_err, DistError, ProcessGroup, ReduceOp};
 
 impl ProcessGroup {
     fn check(&self, op: &'static str, what: &str, tensors: &[&Tensor]) -> Result<(), DistError> {
+        self.check_device(op, what, tensors)?;
         for t in tensors {
             if !t.is_contiguous() {
                 return Err(DistError::BadTensor {
@@ -17,6 +19,26 @@ impl ProcessGroup {
                     op,
                     what: what.to_string(),
                     msg: "tensor is not contiguous".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tensor is on the group's device (NCCL would reject a host tensor only on a GPU
+    /// cluster; Gloo on CPU would hide it).
+    fn check_device(&self, op: &'static str, what: &str, tensors: &[&Tensor]) -> Result<(), DistError> {
+        for t in tensors {
+            if t.device() != self.device {
+                return Err(DistError::BadTensor {
+                    rank: self.global.0,
+                    op,
+                    what: what.to_string(),
+                    msg: format!(
+                        "tensor on {}, but the group's device is {}",
+                        device_name(t.device()),
+                        device_name(self.device)
+                    ),
                 });
             }
         }
@@ -148,6 +170,7 @@ impl ProcessGroup {
         in_splits: &[i64],
         what: &str,
     ) -> Result<Tensor, DistError> {
+        self.check_device("all_to_all", what, &[input])?;
         self.check_splits("all_to_all", what, None, input, out_splits, in_splits)?;
         let Some(g) = self.group else {
             return Ok(input.shallow_clone());
@@ -303,5 +326,44 @@ impl ProcessGroup {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind};
+
+    use super::*;
+
+    #[test]
+    fn a_collective_refuses_a_tensor_on_another_device() {
+        // Regression: the trainer all-reduced host tensors (log-probs, scalars, flags) whatever
+        // the model's device; NCCL rejects them, Gloo on CPU hid it.
+        let pg = ProcessGroup::single().with_device(Device::Cuda(0));
+        let t = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+        let want = |op: &str, what: &str| {
+            format!("rank 0: {op} ({what}): tensor on cpu, but the group's device is cuda:0")
+        };
+        let e = pg.all_reduce(&t, ReduceOp::Sum, "π_old log-probs").unwrap_err();
+        assert_eq!(e.to_string(), want("all_reduce", "π_old log-probs"));
+        let e = pg.broadcast(&t, 0, "b").unwrap_err();
+        assert_eq!(e.to_string(), want("broadcast", "b"));
+        let e = pg.all_gather(&t, &t, "g").unwrap_err();
+        assert_eq!(e.to_string(), want("all_gather", "g"));
+        let e = pg.reduce_scatter(&t, &t, ReduceOp::Sum, "r").unwrap_err();
+        assert_eq!(e.to_string(), want("reduce_scatter", "r"));
+        let e = pg.all_to_all(&t, &t, "a").unwrap_err();
+        assert_eq!(e.to_string(), want("all_to_all", "a"));
+        let e = pg.all_to_all_v(&t, &t, &[4], &[4], "v").unwrap_err();
+        assert_eq!(e.to_string(), want("all_to_all", "v"));
+        let e = pg.all_to_all_autograd(&t, &[4], &[4], "d").unwrap_err();
+        assert_eq!(e.to_string(), want("all_to_all", "d"));
+        // On its own device the same call goes through (a world of one: the identity).
+        let cpu = ProcessGroup::single();
+        assert_eq!(cpu.device(), Device::Cpu);
+        cpu.all_reduce(&t, ReduceOp::Sum, "π_old log-probs").unwrap();
+        // Sub-groups inherit the device.
+        let sub = pg.subgroup(&[0], "t", "sub").unwrap();
+        assert_eq!(sub.device(), Device::Cuda(0));
     }
 }

@@ -61,6 +61,7 @@ impl ProcessGroup {
             timeout: self.timeout,
             global: self.global,
             label: Some(label.to_string()),
+            device: self.device,
         })
     }
 

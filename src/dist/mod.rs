@@ -9,6 +9,11 @@
 //! ([`ProcessGroup::single`]): every collective is then the identity, so the trainer runs the same
 //! code whatever the world size.
 //!
+//! A group has a device ([`ProcessGroup::device`]) and every collective refuses a tensor on
+//! another one, naming the operation and both devices: NCCL rejects host tensors ("Tensors must
+//! be CUDA and dense") only on a GPU cluster, so a CPU/Gloo run in CI must catch a collective on
+//! the wrong device before NCCL would.
+//!
 //! Expert parallelism adds sub-groups ([`ProcessGroup::expert_groups`]: the ranks that split the
 //! experts among them, and the ranks that hold the same experts), all_to_all with uneven splits
 //! and a differentiable all_to_all ([`ProcessGroup::all_to_all_autograd`]) for the MoE dispatch.
@@ -28,6 +33,8 @@ pub mod launch;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr::NonNull;
 use std::time::Duration;
+
+use tch::Device;
 
 pub use env::WorldEnv;
 pub use groups::ExpertGroups;
@@ -123,6 +130,10 @@ pub struct ProcessGroup {
     global: (usize, usize),
     /// Which sub-group this is (`None`: the world), for errors.
     label: Option<String>,
+    /// The device every collective's tensors must be on: cuda:LOCAL_RANK for NCCL (which
+    /// rejects host tensors), the model's device for Gloo (CPU, or CUDA tensors, which Gloo
+    /// also takes); set with [`ProcessGroup::with_device`].
+    device: Device,
 }
 
 // The shim's group is only used through &self. c10d's backends accept calls from any thread
@@ -161,6 +172,7 @@ impl ProcessGroup {
             timeout: Duration::from_secs(0),
             global: (0, 1),
             label: None,
+            device: Device::Cpu,
         }
     }
 
@@ -221,6 +233,10 @@ impl ProcessGroup {
             timeout,
             global: (w.rank, w.world_size),
             label: None,
+            device: match backend {
+                Backend::Gloo => Device::Cpu,
+                Backend::Nccl => Device::Cuda(w.local_rank),
+            },
         })
     }
 
@@ -251,5 +267,28 @@ impl ProcessGroup {
     /// Timeout of every collective.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The device every collective's tensors must be on (see [`ProcessGroup::with_device`]).
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// This group with its collectives on `device` (the model's: a Gloo group on a CUDA model,
+    /// or an NCCL rank whose GPU is not cuda:LOCAL_RANK, e.g. one GPU per task). Sub-groups made
+    /// afterwards inherit it.
+    pub fn with_device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+}
+
+/// A device as PyTorch writes it (`cpu`, `cuda:0`), for errors.
+pub(crate) fn device_name(d: Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        Device::Mps => "mps".into(),
+        Device::Vulkan => "vulkan".into(),
     }
 }

@@ -119,7 +119,7 @@ impl Trainer {
         let Some(ep) = &self.expert else {
             return Ok(mine);
         };
-        let t = Tensor::from_slice(&[mine as f64]);
+        let t = Tensor::from_slice(&[mine as f64]).to_device(ep.comm.group.device());
         ep.comm
             .group
             .all_reduce(&t, ReduceOp::Max, "micro-batches per rank")?;
@@ -202,23 +202,19 @@ impl Trainer {
             )?;
             return Ok((norm, lr));
         }
-        let mut dense_grads = all_reduce_grads(pg, &dense, &dense_defined, s.bucket_elems)?;
-        let mut expert_grads = all_reduce_grads(&ep.expert_dp, &experts, &expert_defined, s.bucket_elems)?;
+        let dense_grads = all_reduce_grads(pg, &dense, &dense_defined, s.bucket_elems)?;
+        let expert_grads = all_reduce_grads(&ep.expert_dp, &experts, &expert_defined, s.bucket_elems)?;
         // ‖g‖² = the dense part (the same on every rank) + every expert's once: the sum of the
         // local experts' squares over the expert-parallel group.
         let local = sum_squares(expert_grads.iter().flatten());
         let experts_sq = sum_scalars(&ep.comm.group, &[local], "expert gradient norm")?[0];
         let norm = (sum_squares(dense_grads.iter().flatten()) + experts_sq).sqrt();
-        if let Some(scale) = clip(norm)? {
-            for g in dense_grads.iter_mut().chain(expert_grads.iter_mut()).flatten() {
-                let _ = g.g_mul_scalar_(scale);
-            }
-        }
+        let scale = clip(norm)?;
         let mut all = dense;
         all.extend(experts);
         let mut grads = dense_grads;
         grads.extend(expert_grads);
-        Ok((norm, self.opt.step_grads(&s.optim, &all, &grads)))
+        Ok((norm, self.opt.step_grads_scaled(&s.optim, &all, &grads, scale)))
     }
 
     /// Under ZeRO-1: lays out the dense parameters' state over the world and this rank's

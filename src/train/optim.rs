@@ -86,6 +86,10 @@ pub struct AdamW {
     exp_avg_sq: BTreeMap<String, Tensor>,
     /// fp32 master copies of the parameters narrower than fp32 (see the module header).
     master: BTreeMap<String, Tensor>,
+    /// Tests only: update bf16 parameters in place, without masters (the behaviour before
+    /// them), so a test can show what the masters change. Not reachable from the CLI.
+    #[doc(hidden)]
+    pub test_only_no_masters: bool,
 }
 
 /// One AdamW update of fp32 values `pf` with gradient `g`, moments `m`/`v` updated in place
@@ -138,17 +142,33 @@ impl AdamW {
         params: &[(String, Tensor)],
         grads: &[Option<Tensor>],
     ) -> f64 {
+        self.step_grads_scaled(cfg, params, grads, None)
+    }
+
+    /// [`AdamW::step_grads`] with each gradient upcast to fp32 and then multiplied by `scale`
+    /// (the clipping factor) one tensor at a time: a bf16 gradient is clipped in fp32 without an
+    /// fp32 copy of every gradient alive at once.
+    pub fn step_grads_scaled(
+        &mut self,
+        cfg: &AdamWConfig,
+        params: &[(String, Tensor)],
+        grads: &[Option<Tensor>],
+        scale: Option<f64>,
+    ) -> f64 {
         let (lr, bc) = self.advance(cfg);
         let _guard = tch::no_grad_guard();
         for ((name, p), g) in params.iter().zip(grads) {
             let Some(g) = g else { continue };
-            let g = g.to_kind(Kind::Float);
+            let mut g = g.to_kind(Kind::Float);
+            if let Some(scale) = scale {
+                g = g * scale;
+            }
             let m = self.exp_avg.entry(name.clone()).or_insert_with(|| g.zeros_like());
             let v = self
                 .exp_avg_sq
                 .entry(name.clone())
                 .or_insert_with(|| g.zeros_like());
-            let narrow = p.kind() != Kind::Float;
+            let narrow = p.kind() != Kind::Float && !self.test_only_no_masters;
             let base = match self.master.get(name) {
                 Some(master) if narrow => master.shallow_clone(),
                 _ => p.to_kind(Kind::Float),

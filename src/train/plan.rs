@@ -4,11 +4,13 @@
 //! The parameter side comes from [`param_shapes`], the shapes the model builds, so its counts
 //! are the model's own. What train-step keeps per rank (read from `optim.rs`, `zero.rs`,
 //! `update.rs`):
-//! - weights in the compute dtype (`--dtype`, else the checkpoint's): no fp32 master copy; AdamW
-//!   upcasts a parameter (ZeRO: a bucket chunk) to fp32 only while updating it;
+//! - weights in the compute dtype (`--dtype`, else the checkpoint's); narrower than fp32 (bf16),
+//!   an fp32 master copy of every parameter beside the moments (4 bytes per parameter, ZeRO-1:
+//!   1/N of them), which AdamW updates;
 //! - one `.grad` per trained parameter, in the parameter's dtype, alive from the first backward to
-//!   the update; at the update, ZeRO-1 adds the reduce-scattered chunk (1/N of each bucket, same
-//!   dtype), ZeRO-0 on many ranks the all-reduced copy of every gradient;
+//!   the update; at the update, ZeRO-1 adds the reduce-scattered chunk (1/N of each bucket, fp32:
+//!   gradients are reduced in fp32), ZeRO-0 on many ranks the all-reduced fp32 copy of every
+//!   gradient;
 //! - AdamW's `exp_avg` and `exp_avg_sq` in fp32 (8 bytes per parameter), ZeRO-1: 1/N of them.
 //!
 //! Expert parallelism (`--expert-parallel E`) gives each rank `num_experts / E` experts of every
@@ -93,10 +95,12 @@ pub struct Plan {
     pub reduced_gradients: Split,
     /// AdamW moments (fp32).
     pub optimizer: Split,
+    /// fp32 master weights (a compute dtype narrower than fp32), sharded like the moments.
+    pub masters: Split,
     pub activations: u64,
     /// fp32 temporaries (and ZeRO's flat bucket) while AdamW updates the largest tensor.
     pub update_temporaries: u64,
-    /// Weights + gradients + activations + optimizer state.
+    /// Weights + gradients + activations + optimizer state (moments and masters).
     pub backward_peak: u64,
     /// Weights + gradients + reduced gradients + optimizer state + update temporaries.
     pub update_peak: u64,
@@ -191,27 +195,34 @@ pub fn plan(cfg: &Config, spec: &PlanSpec) -> Result<Plan, PlanError> {
     let gradients = weights;
     let reduced_gradients = match (spec.zero, w) {
         (_, 1) => Split::default(),
-        (true, _) => bytes(shard(local), b),
-        (false, _) => weights,
+        (true, _) => bytes(shard(local), F32),
+        (false, _) => bytes(local, F32),
     };
-    let optimizer = bytes(if spec.zero { shard(local) } else { local }, 2 * F32);
+    let held = if spec.zero { shard(local) } else { local };
+    let optimizer = bytes(held, 2 * F32);
+    let masters = if b < F32 {
+        bytes(held, F32)
+    } else {
+        Split::default()
+    };
     let largest_expert_local = if cfg.fused_experts {
         p.largest_expert / ep
     } else {
         p.largest_expert
     };
     let update_temporaries = if spec.zero {
-        // A bucket is at least `bucket_elems` (or one larger parameter): its flat copy in the
-        // parameter dtype, and fp32 temporaries of this rank's chunk of it.
+        // A bucket is at least `bucket_elems` (or one larger parameter): its flat copy (fp32
+        // gradients at the reduce-scatter, no narrower than the parameters' at the all-gather),
+        // and fp32 temporaries of this rank's chunk of it.
         let dense_bucket = spec.bucket_elems.max(p.largest_dense);
         let expert_bucket = spec.bucket_elems.max(largest_expert_local);
-        let cost = |n: u64, group: u64| n * b + n.div_ceil(group) * (b + UPDATE_TEMPS * F32);
+        let cost = |n: u64, group: u64| n * F32.max(b) + n.div_ceil(group) * (b + UPDATE_TEMPS * F32);
         cost(dense_bucket, dense_group).max(cost(expert_bucket, expert_group))
     } else {
         p.largest_dense.max(largest_expert_local) * UPDATE_TEMPS * F32
     };
     let activations = activation_bytes(cfg, spec);
-    let state = weights.total() + gradients.total() + optimizer.total();
+    let state = weights.total() + gradients.total() + optimizer.total() + masters.total();
     let backward_peak = state + activations;
     let update_peak = state + reduced_gradients.total() + update_temporaries;
     let peak = backward_peak.max(update_peak);
@@ -231,6 +242,7 @@ pub fn plan(cfg: &Config, spec: &PlanSpec) -> Result<Plan, PlanError> {
         gradients,
         reduced_gradients,
         optimizer,
+        masters,
         activations,
         update_temporaries,
         backward_peak,
@@ -423,6 +435,7 @@ impl Plan {
                 self.reduced_gradients,
             ),
             ("optimizer (fp32 exp_avg, exp_avg_sq)".to_string(), self.optimizer),
+            ("fp32 master weights".to_string(), self.masters),
         ];
         for (name, s) in rows {
             line(format!(

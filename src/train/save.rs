@@ -54,8 +54,11 @@ impl Trainer {
     /// (under ZeRO: the step counter only; see [`Trainer::save_atomic_on`]).
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
         if self.model.needs_sharded_save(self.expert_layout) {
-            self.model
-                .save_sharded(dir, &ProcessGroup::single(), self.expert_layout)?;
+            self.model.save_sharded(
+                dir,
+                &ProcessGroup::single().with_device(self.model.device()),
+                self.expert_layout,
+            )?;
         } else {
             self.model.save(dir)?;
         }

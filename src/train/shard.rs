@@ -7,9 +7,10 @@
 //! back to every rank by an all-reduce of a flat buffer in which each rank filled only its own
 //! sequences (x + 0 = x exactly, so every rank then holds the values one process would have), and
 //! gradients are summed by bucketed all-reduce (`--zero 0`) or reduce-scatter
-//! ([`super::zero`]). With a world of one, each of these is the identity.
+//! ([`super::zero`]). With a world of one, each of these is the identity. The small host-side
+//! values (log-probs, counts, flags) travel on the group's device ([`ProcessGroup::device`]).
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::batch::Batch;
 use crate::dist::{DistError, ProcessGroup, ReduceOp};
@@ -63,9 +64,9 @@ pub fn combine_per_seq(
         }
         o += n;
     }
-    let t = Tensor::from_slice(&flat);
+    let t = Tensor::from_slice(&flat).to_device(pg.device());
     pg.all_reduce(&t, ReduceOp::Sum, what)?;
-    let flat = Vec::<f64>::try_from(&t).expect("invariant: 1-d f64");
+    let flat = Vec::<f64>::try_from(&t.to_device(Device::Cpu)).expect("invariant: 1-d f64");
     let mut o = 0;
     for &i in idx {
         let n = batch.seqs[i].pred_at.len();
@@ -77,9 +78,9 @@ pub fn combine_per_seq(
 
 /// Sums small per-rank numbers (counts, partial sums) over ranks, in f64.
 pub fn sum_scalars(pg: &ProcessGroup, v: &[f64], what: &str) -> Result<Vec<f64>, DistError> {
-    let t = Tensor::from_slice(v);
+    let t = Tensor::from_slice(v).to_device(pg.device());
     pg.all_reduce(&t, ReduceOp::Sum, what)?;
-    Ok(Vec::<f64>::try_from(&t).expect("invariant: 1-d f64"))
+    Ok(Vec::<f64>::try_from(&t.to_device(Device::Cpu)).expect("invariant: 1-d f64"))
 }
 
 /// For each parameter: does any rank hold a gradient for it? (One process leaves a parameter
@@ -89,19 +90,22 @@ pub fn defined_anywhere(pg: &ProcessGroup, params: &[(String, Tensor)]) -> Resul
         .iter()
         .map(|(_, p)| f32::from(u8::from(p.grad().defined())))
         .collect();
-    let t = Tensor::from_slice(&flags);
+    let t = Tensor::from_slice(&flags).to_device(pg.device());
     pg.all_reduce(&t, ReduceOp::Max, "which parameters have gradients")?;
-    Ok(Vec::<f32>::try_from(&t)
+    Ok(Vec::<f32>::try_from(&t.to_device(Device::Cpu))
         .expect("invariant: 1-d f32")
         .into_iter()
         .map(|f| f > 0.0)
         .collect())
 }
 
-/// `--zero 0`: the gradients summed over ranks, all-reduced in buckets of at most
-/// `bucket_elems` elements of one dtype; `None` where no rank has a gradient. The sums land in
-/// the parameters' own `.grad` (one bucket's copy alive at a time), except for a parameter this
-/// rank has no gradient for, which gets a tensor of its own.
+/// `--zero 0`: the gradients summed over ranks, all-reduced in fp32 buckets of at most
+/// `bucket_elems` elements; `None` where no rank has a gradient. An fp32 parameter's sum lands in
+/// its own `.grad` (one bucket's copy alive at a time); a narrower one's (bf16), and that of a
+/// parameter this rank has no gradient for, is a fp32 tensor of its own: summing bf16 over ranks
+/// would round every partial sum to 8 significant bits (mixed precision reduces in fp32, as
+/// Megatron and FSDP do). With one rank the gradients are returned as they are (no copy); the
+/// update upcasts them ([`super::optim::AdamW::step_grads_scaled`]).
 pub fn all_reduce_grads(
     pg: &ProcessGroup,
     params: &[(String, Tensor)],
@@ -121,11 +125,7 @@ pub fn all_reduce_grads(
             continue;
         }
         let n = p.numel() as i64;
-        let same_kind = buckets
-            .last()
-            .and_then(|b| b.last())
-            .is_some_and(|&j| params[j].1.kind() == p.kind());
-        if !same_kind || used + n > bucket_elems {
+        if buckets.is_empty() || used + n > bucket_elems {
             buckets.push(Vec::new());
             used = 0;
         }
@@ -141,9 +141,9 @@ pub fn all_reduce_grads(
                 let p = &params[i].1;
                 let g = p.grad();
                 if g.defined() {
-                    g.reshape([-1])
+                    g.to_kind(Kind::Float).reshape([-1])
                 } else {
-                    Tensor::zeros([p.numel() as i64], (p.kind(), p.device()))
+                    Tensor::zeros([p.numel() as i64], (Kind::Float, p.device()))
                 }
             })
             .collect();
@@ -158,7 +158,7 @@ pub fn all_reduce_grads(
             let p = &params[i].1;
             let n = p.numel() as i64;
             let sum = flat.narrow(0, off, n).view(p.size().as_slice());
-            out[i] = Some(match local(p) {
+            out[i] = Some(match local(p).filter(|g| g.kind() == Kind::Float) {
                 Some(mut g) => {
                     g.copy_(&sum);
                     g

@@ -303,7 +303,8 @@ impl Trainer {
     /// Runs one training step on `samples` (read from `path`, for error messages) in this
     /// process alone.
     pub fn step(&mut self, samples: &[Sample], path: &Path, s: &Settings) -> Result<StepMetrics, TrainError> {
-        self.step_on(samples, path, s, &ProcessGroup::single())
+        let pg = ProcessGroup::single().with_device(self.model.device());
+        self.step_on(samples, path, s, &pg)
     }
 
     /// Runs this rank's part of one training step of `pg` on `samples` (every rank passes the

@@ -1,5 +1,7 @@
 //! The optimizer side of a step on any number of ranks: gradients summed over ranks (bucketed
-//! all-reduce, or reduce-scatter under ZeRO-1), clipped by the global norm, AdamW; the ZeRO state
+//! all-reduce, or reduce-scatter under ZeRO-1), clipped by the global norm, AdamW — reduced and
+//! clipped in fp32 whatever the parameters' dtype (a bf16 sum over ranks or a bf16 clip would
+//! round each gradient to 8 significant bits before the fp32 master sees it); the ZeRO state
 //! laid out, loaded or re-sharded before any compute; and the memory the step's state takes.
 
 use tch::Tensor;
@@ -47,17 +49,14 @@ impl Trainer {
             zero.step(params, &defined, &chunks, lr, bc, &s.optim, pg)?;
             return Ok((norm, lr));
         }
-        let mut grads = all_reduce_grads(pg, params, &defined, s.bucket_elems)?;
+        // Summed in fp32; the clip factor is applied in fp32 inside the update.
+        let grads = all_reduce_grads(pg, params, &defined, s.bucket_elems)?;
         let norm = sum_squares(grads.iter().flatten()).sqrt();
         if !norm.is_finite() {
             return Err(non_finite(norm));
         }
-        if let Some(scale) = clip(norm) {
-            for g in grads.iter_mut().flatten() {
-                let _ = g.g_mul_scalar_(scale);
-            }
-        }
-        Ok((norm, self.opt.step_grads(&s.optim, params, &grads)))
+        let lr = self.opt.step_grads_scaled(&s.optim, params, &grads, clip(norm));
+        Ok((norm, lr))
     }
 
     /// Lays out ZeRO state at the first step (loading or re-sharding saved moments), or refuses

@@ -2,8 +2,8 @@
 //!
 //! The trained parameters, in order, are packed into buckets (one dtype each, at most
 //! `bucket_elems` elements unless a single parameter is larger); a bucket of n elements is padded
-//! to a multiple of N and rank r owns chunk r of it. Per update: the bucket's flat gradient is
-//! reduce-scattered (rank r receives the sum of chunk r), the gradient norm is the all-reduced sum
+//! to a multiple of N and rank r owns chunk r of it. Per update: the bucket's flat gradient,
+//! upcast to fp32, is reduce-scattered (rank r receives the fp32 sum of chunk r), the gradient norm is the all-reduced sum
 //! of the chunks' squares, each rank applies [`adamw_update`] to its chunk, and the updated
 //! chunks are all-gathered back into the parameters. AdamW is elementwise, so this is the same
 //! update as one process applying it to whole tensors.
@@ -195,12 +195,9 @@ impl ZeroAdamW {
             .sum()
     }
 
-    /// Bytes of the reduced gradient chunks this rank holds during an update.
+    /// Bytes of the reduced gradient chunks (fp32) this rank holds during an update.
     pub fn grad_bytes(&self) -> u64 {
-        self.buckets
-            .iter()
-            .map(|b| b.chunk as u64 * b.kind.elt_size_in_bytes() as u64)
-            .sum()
+        self.buckets.iter().map(|b| b.chunk as u64 * 4).sum()
     }
 
     /// Takes this rank's chunks of full moments (`opt`, from a checkpoint written by one process
@@ -326,7 +323,8 @@ impl ZeroAdamW {
         Tensor::write_safetensors(&tensors, &file).map_err(|e| bad(&file, e.to_string()))
     }
 
-    /// Reduce-scatters the gradients: this rank's chunk of each bucket's summed flat gradient.
+    /// Reduce-scatters the gradients: this rank's chunk of each bucket's summed flat gradient,
+    /// in fp32 (the bucket's parameters may be narrower).
     /// `defined[i]`: some rank has a gradient for parameter i (the others contribute zeros).
     pub fn reduce_scatter(
         &self,
@@ -337,12 +335,14 @@ impl ZeroAdamW {
         let _g = tch::no_grad_guard();
         let mut out = Vec::new();
         for (bi, b) in self.buckets.iter().enumerate() {
-            let flat = padded(b, pg.world_size(), params[b.params[0]].1.device(), |i| {
+            // fp32 whatever the bucket's dtype: bf16 partial sums would round every gradient.
+            let dev = params[b.params[0]].1.device();
+            let flat = padded(b, Kind::Float, pg.world_size(), dev, |i| {
                 let (_, p) = &params[i];
                 let g = p.grad();
-                (defined[i] && g.defined()).then(|| g.to_kind(b.kind).reshape([-1]))
+                (defined[i] && g.defined()).then(|| g.to_kind(Kind::Float).reshape([-1]))
             });
-            let chunk = Tensor::zeros([b.chunk], (b.kind, flat.device()));
+            let chunk = Tensor::zeros([b.chunk], (Kind::Float, flat.device()));
             pg.reduce_scatter(
                 &chunk,
                 &flat,
@@ -371,7 +371,7 @@ impl ZeroAdamW {
         let rank = pg.rank() as i64;
         for (bi, b) in self.buckets.iter().enumerate() {
             let dev = params[b.params[0]].1.device();
-            let flat = padded(b, pg.world_size(), dev, |i| {
+            let flat = padded(b, b.kind, pg.world_size(), dev, |i| {
                 Some(params[i].1.detach().reshape([-1]))
             });
             let mine = chunk_of(&flat, b, rank as usize);
@@ -420,17 +420,23 @@ impl ZeroAdamW {
 
 /// The bucket's flat tensor, parameters in order (zeros where `part` gives none), zero-padded
 /// to world_size × chunk.
-fn padded(b: &Bucket, world: usize, dev: tch::Device, part: impl Fn(usize) -> Option<Tensor>) -> Tensor {
+fn padded(
+    b: &Bucket,
+    kind: Kind,
+    world: usize,
+    dev: tch::Device,
+    part: impl Fn(usize) -> Option<Tensor>,
+) -> Tensor {
     let mut parts: Vec<Tensor> = b
         .params
         .iter()
         .zip(&b.numels)
-        .map(|(&i, &n)| part(i).unwrap_or_else(|| Tensor::zeros([n], (b.kind, dev))))
+        .map(|(&i, &n)| part(i).unwrap_or_else(|| Tensor::zeros([n], (kind, dev))))
         .collect();
     let total: i64 = b.numels.iter().sum();
     let pad = b.chunk * world as i64 - total;
     if pad > 0 {
-        parts.push(Tensor::zeros([pad], (b.kind, dev)));
+        parts.push(Tensor::zeros([pad], (kind, dev)));
     }
     Tensor::cat(&parts, 0)
 }

@@ -142,6 +142,27 @@ fn worker() {
                 .unwrap_err();
             println!("ERR: {e}");
         }
+        // bf16 gradients summed over ranks: rank 0 holds 1, rank 1 holds 2⁻⁹. In fp32 the sum is
+        // 1 + 2⁻⁹; a bf16 sum rounds it back to 1 (8 significant bits), as the trainer once did.
+        "fp32-grads" => {
+            use lego_rl::train::shard::all_reduce_grads;
+            use lego_rl::train::zero::ZeroAdamW;
+            let g = if r == 0 { 1.0 } else { 1.0 / 512.0 };
+            let p = Tensor::zeros([6], (Kind::BFloat16, tch::Device::Cpu)).set_requires_grad(true);
+            (&p * g).sum(Kind::Float).backward();
+            assert_eq!(p.grad().kind(), Kind::BFloat16);
+            let params = vec![("w".to_string(), p.shallow_clone())];
+            let want = 1.0 + 1.0 / 512.0;
+            let sums = all_reduce_grads(&pg, &params, &[true], 1 << 20).unwrap();
+            let sum = sums[0].as_ref().unwrap();
+            assert_eq!(sum.kind(), Kind::Float, "all-reduced gradient dtype");
+            assert_eq!(f32s(sum), [want; 6], "all-reduced bf16 gradients");
+            let zero = ZeroAdamW::new(&params, &pg, 1 << 20);
+            let chunks = zero.reduce_scatter(&params, &[true], &pg).unwrap();
+            assert_eq!(chunks[0].kind(), Kind::Float, "reduce-scattered gradient dtype");
+            assert_eq!(f32s(&chunks[0]), [want; 3], "reduce-scattered bf16 gradients");
+            println!("fp32 gradient sums ok on rank {r}");
+        }
         other => panic!("unknown {MODE} {other}"),
     }
 }
@@ -156,6 +177,19 @@ fn every_collective_on_two_gloo_ranks() {
     for (r, o) in out.iter().enumerate() {
         assert!(
             o.status.success() && stdout(o).contains(&format!("collectives ok on rank {r}")),
+            "rank {r}: {}\n{}",
+            stdout(o),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+#[test]
+fn bf16_gradients_are_summed_over_ranks_in_fp32() {
+    let out = ranks(2, "fp32-grads");
+    for (r, o) in out.iter().enumerate() {
+        assert!(
+            o.status.success() && stdout(o).contains(&format!("fp32 gradient sums ok on rank {r}")),
             "rank {r}: {}\n{}",
             stdout(o),
             String::from_utf8_lossy(&o.stderr)

@@ -32,4 +32,5 @@ mod sandbox;
 mod slurm;
 mod synth;
 mod train;
+mod train_bf16;
 mod validate;

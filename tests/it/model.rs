@@ -94,9 +94,21 @@ pub fn tiny_dense() -> PathBuf {
 /// by scripts/make_tiny_models.py with transformers.
 pub fn tiny_moe() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+    generated(&DIR, "tiny-qwen3-moe")
+}
+
+/// The tiny MoE's weights rounded to bfloat16 and saved as bfloat16 (as published Qwen
+/// checkpoints are), generated like [`tiny_moe`].
+pub fn tiny_moe_bf16() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    generated(&DIR, "tiny-qwen3-moe-bf16")
+}
+
+/// `testdata/models/generated/NAME`, made by scripts/make_tiny_models.py once when missing.
+fn generated(cell: &OnceLock<PathBuf>, name: &str) -> PathBuf {
+    cell.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let dir = root.join("testdata/models/generated/tiny-qwen3-moe");
+        let dir = root.join("testdata/models/generated").join(name);
         if !dir.join("reference.json").is_file() {
             let status = std::process::Command::new(common::python())
                 .arg(root.join("scripts/make_tiny_models.py"))
