@@ -65,7 +65,7 @@ step() {
   local name=$1 limit=$2 fn=$3 start end rc status error=""
   say "$name (at most ${limit}s)"
   start=$(date +%s%N)
-  timeout -k 10 "$limit" bash -c "$(declare -f "$fn" ckpt_of metric); $fn" >"$out/logs/$name.log" 2>&1
+  timeout -k 10 "$limit" bash -c "$(declare -f "$fn" ckpt_of metric last_record); $fn" >"$out/logs/$name.log" 2>&1
   rc=$?
   end=$(date +%s%N)
   case $rc in
@@ -79,8 +79,11 @@ step() {
 }
 export bin py helper out work device layers seqs prompt new streams micro model tiny mode root
 
-# metric FILE KEY: one key of the last record of a plain JSONL metrics file.
-metric() { "$py" -c 'import json, sys; print(json.dumps(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get(sys.argv[2])))' "$1" "$2"; }
+# metric FILE KEY: one key of the last record of a metrics file (zstd JSONL: lego-rl reads it, as the
+# machine's Python has no zstandard).
+metric() { "$bin" gpu-probe cat "$1" | tail -1 | "$py" -c 'import json, sys; print(json.dumps(json.loads(sys.stdin.read()).get(sys.argv[1])))' "$2"; }
+# last_record FILE: the last record of a metrics file as plain JSON into FILE.last.json.
+last_record() { "$bin" gpu-probe cat "$1" | tail -1 >"$1.last.json"; }
 ckpt_of() { if [ "$mode" = gpu ]; then echo "$model"; else echo "$tiny"; fi; }
 
 s_env() {
@@ -89,7 +92,7 @@ s_env() {
   "$py" -c '
 import json, sys
 e = json.load(open(sys.argv[1]))
-devs = [f"cuda:{d[\"index\"]} {d[\"name\"]} {d[\"memory_bytes\"] / 2**30:.0f} GiB" for d in e["devices"]]
+devs = ["cuda:%d %s %.0f GiB" % (d["index"], d["name"], d["memory_bytes"] / 2**30) for d in e["devices"]]
 json.dump({"torch_version": e["torch_version"], "cuda_available": e["cuda_available"],
            "nccl_usable": e["nccl_usable"], "devices": devs}, open(sys.argv[2], "w"))' "$work/env.json" "$out/figures/env.json"
 }
@@ -123,12 +126,13 @@ s_agreement() {
     "$bin" train-step --checkpoint "$c" --device "$device" -i "$work/samples.jsonl" --out "$work/agree-$r" \
       --metrics "$work/agree-$r.jsonl" --replay "$r" --lr 1e-9
     rm -rf "$work/agree-$r"
+    last_record "$work/agree-$r.jsonl"
   done
   "$py" -c '
 import json, sys
 f = {}
 for r in ("on", "off"):
-    m = json.loads(open(f"{sys.argv[1]}/agree-{r}.jsonl").read().splitlines()[-1])
+    m = json.load(open(f"{sys.argv[1]}/agree-{r}.jsonl.last.json"))
     f[f"agreement_replay_{r}_pearson"] = m.get("logprob_pearson")
     f[f"agreement_replay_{r}_max_abs_diff"] = m.get("logprob_max_abs_diff")
     f[f"agreement_replay_{r}_expert_overlap"] = m.get("expert_overlap")
@@ -143,10 +147,11 @@ s_train() {
   "$py" "$helper" measure "$work/train-measure.json" -- "$bin" train-step --checkpoint "$c" --device "$device" \
     -i "$work/samples.jsonl" --out "$work/train-out" --metrics "$work/train.jsonl" --micro-batch-tokens "$micro"
   rm -rf "$work/train-out"
+  last_record "$work/train.jsonl"
   "$py" -c '
 import json, sys
 w = sys.argv[1]
-m = json.loads(open(f"{w}/train.jsonl").read().splitlines()[-1])
+m = json.load(open(f"{w}/train.jsonl.last.json"))
 meas, plan = json.load(open(f"{w}/train-measure.json")), json.load(open(f"{w}/plan.json"))
 peak = meas.get("peak_gpu_bytes") if sys.argv[3] == "gpu" else meas["peak_rss_bytes"]
 json.dump({"train_tokens_per_second": m.get("tokens_per_second"), "train_peak_memory_bytes": peak,

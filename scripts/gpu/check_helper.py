@@ -174,7 +174,8 @@ class Reference(torch.nn.Module):
         self.p = torch.nn.ParameterDict(
             {k.replace(".", "/"): torch.nn.Parameter(v.to(device)) for k, v in tensors.items()})
         d = cfg["head_dim"]
-        inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+        theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
         self.inv_freq = inv
 
     def w(self, name):
@@ -210,6 +211,10 @@ class Reference(torch.nn.Module):
                                                                  enable_gqa=True)
             x = x + a.transpose(1, 2).reshape(b, t, nh * d) @ self.w(p + "self_attn.o_proj.weight").T
             h = self.rms(x, self.w(p + "post_attention_layernorm.weight")).view(b * t, -1)
+            if (p + "mlp.gate.weight").replace(".", "/") not in self.p:  # a dense layer (mlp_only_layers)
+                g = torch.nn.functional.silu(h @ self.w(p + "mlp.gate_proj.weight").T) * (h @ self.w(p + "mlp.up_proj.weight").T)
+                x = x + (g @ self.w(p + "mlp.down_proj.weight").T).view(b, t, -1)
+                continue
             probs = torch.softmax((h @ self.w(p + "mlp.gate.weight").T).float(), -1)
             top, idx = probs.topk(c["num_experts_per_tok"], -1)
             if c.get("norm_topk_prob", True):

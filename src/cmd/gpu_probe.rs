@@ -1,6 +1,7 @@
 //! `lego-rl gpu-probe` (hidden): the embedded engine's steps of scripts/gpu/check.sh, which runs
 //! on a GPU machine that has this binary and a bare torch but no Rust toolchain.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -45,10 +46,20 @@ pub enum Probe {
     },
     /// Decode throughput: prints `{"streams":N,"tokens_per_second":X}`.
     Decode,
+    /// Prints a JSONL file's lines, zstd or plain (the GPU machine's Python has no zstandard).
+    Cat { file: PathBuf },
 }
 
 /// Runs `gpu-probe`.
 pub fn run(args: GpuProbeArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    if let Probe::Cat { file } = &args.what {
+        let mut lines = crate::io::open_lines(file, crate::io::TornTail::Error)?;
+        let mut out = std::io::stdout().lock();
+        while let Some((_, line)) = lines.next_line()? {
+            writeln!(out, "{line}").with_context(|| format!("writing {}", file.display()))?;
+        }
+        return Ok(Outcome::Ok);
+    }
     let device = crate::device::resolve(&args.device)?;
     let shape = Shape {
         sequences: args.sequences.max(1),
@@ -64,6 +75,8 @@ pub fn run(args: GpuProbeArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> 
             w.write_all(&samples)?;
             w.finish()?;
         }
+        // Printed above, before a device or a runtime is needed.
+        Probe::Cat { .. } => {}
         Probe::Decode => {
             let rate = rt.block_on(decode_rate(&args.checkpoint, device, shape))?;
             println!(
