@@ -4,37 +4,19 @@
 # libtorch_cuda.so. It does not run anything on a GPU: it proves that `cargo build --features nccl`
 # compiles and links against torch 2.11's ProcessGroupNCCL.
 #
-# The CUDA headers come from PyPI, matching the CUDA runtime wheel torch pulls in: the runtime
-# wheel's include/ plus nvidia-cuda-crt (crt/) and nvidia-cuda-cccl (libcu++), unpacked into
-# $LEGO_RL_CACHE/cuda-headers-<version> (a CUDA_HOME for build.rs). Needs scripts/setup.sh first.
+# The CUDA headers come from PyPI (scripts/cuda-headers.sh, which scripts/setup.sh also runs so that
+# the release build links libtorch_cuda with the NCCL path). Needs scripts/setup.sh first.
 #
 # usage: scripts/check-nccl-build.sh          (prints the CUDA_HOME it made on success)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cache=${LEGO_RL_CACHE:-$HOME/.cache/lego-rl}
 py="$root/.venv/bin/python"
 torch=$(readlink -f "$root/.libtorch")
 site=$(dirname "$torch")
 say() { printf 'check-nccl-build: %s\n' "$*" >&2; }
 
 [ -x "$py" ] && [ -d "$torch/include" ] || { say "run scripts/setup.sh first"; exit 2; }
-runtime=$("$py" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime"))' 2>/dev/null) || {
-  say "the torch wheel here has no nvidia-cuda-runtime (a CPU-only torch?)"; exit 2; }
-series=${runtime%.*}
-home="$cache/cuda-headers-$runtime"
-if [ ! -f "$home/.complete" ]; then
-  say "CUDA $series.* headers from PyPI into $home"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  "$py" -m pip download --no-deps -q -d "$tmp" "nvidia-cuda-crt==$series.*" "nvidia-cuda-cccl==$series.*"
-  rm -rf "$home" && mkdir -p "$home/include"
-  cp -r "$site"/nvidia/cu*/include/. "$home/include/"
-  for w in "$tmp"/*.whl; do
-    "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$w" "$tmp/x"
-  done
-  cp -r "$tmp"/x/nvidia/cu*/include/. "$home/include/"
-  touch "$home/.complete"
-fi
+home=$("$root/scripts/cuda-headers.sh" "$py") || { say "no CUDA headers (see above)"; exit 2; }
 
 gloo=$(mktemp -d)
 for name in gloo/algorithm.h gloo/common/error.h gloo/context.h gloo/rendezvous/store.h gloo/transport/device.h; do

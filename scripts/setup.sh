@@ -6,8 +6,12 @@
 #     references: transformers, the official openai/anthropic SDKs, zstandard.
 #  2. `.libtorch` -> <venv>/…/site-packages/torch, read by .cargo/config.toml (LIBTORCH) and by
 #     build.rs, which bakes an rpath so `target/release/lego-rl` runs with no exported variables.
-#  3. The release binary.
-#  4. The generated test/demo artifacts: the tiny Qwen3-MoE (fp32 and bf16), Qwen3.5-MoE and Qwen3-Next checkpoints
+#  3. CUDA headers from PyPI when the torch wheel has CUDA (scripts/cuda-headers.sh, cached; linked
+#     at `.cuda-headers`, read by build.rs through .cargo/config.toml): the release binary then
+#     links libtorch_cuda and the c10d shim's NCCL path, and the same binary runs on CPU and GPU.
+#     A CPU-only torch gives a CPU-only binary (no link, no download).
+#  4. The release binary.
+#  5. The generated test/demo artifacts: the tiny Qwen3-MoE (fp32 and bf16), Qwen3.5-MoE and Qwen3-Next checkpoints
 #     (scripts/make_tiny_models.py, ~40 MB each,
 #     deterministic, git-ignored) and the Debian base image for task containers
 #     (scripts/bootstrap-base-image.sh: debootstrap + docker import; reused when present).
@@ -59,6 +63,11 @@ fi
 torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 ln -sfn "$torch_dir" "$root/.libtorch"
 ln -sfn "$venv" "$root/.venv"
+if cuda_home=$("$root/scripts/cuda-headers.sh" "$py"); then
+  ln -sfn "$cuda_home" "$root/.cuda-headers"
+else
+  rm -f "$root/.cuda-headers"
+fi
 
 if [ "${LEGO_RL_SKIP_BUILD:-0}" != 1 ]; then
   say "building target/release/lego-rl"

@@ -59,9 +59,13 @@ pub enum Command {
     TrainStep(cmd::train_step::TrainStepArgs),
     Validate(cmd::validate::ValidateArgs),
     Report(cmd::report::ReportArgs),
+    Env(cmd::env::EnvArgs),
     /// Writes the man pages and shell completions (for maintainers).
     #[command(hide = true)]
     GenerateDocs(cmd::generate_docs::GenerateDocsArgs),
+    /// Engine probes for scripts/gpu/check.sh (for maintainers).
+    #[command(hide = true)]
+    GpuProbe(cmd::gpu_probe::GpuProbeArgs),
 }
 
 impl Command {
@@ -75,7 +79,9 @@ impl Command {
             Command::TrainStep(_) => "train-step",
             Command::Validate(_) => "validate",
             Command::Report(_) => "report",
+            Command::Env(_) => "env",
             Command::GenerateDocs(_) => "generate-docs",
+            Command::GpuProbe(_) => "gpu-probe",
         }
     }
 }

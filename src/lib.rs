@@ -8,6 +8,7 @@ pub mod align;
 pub mod chat;
 pub mod cli;
 pub mod cmd;
+pub mod device;
 pub mod dist;
 pub mod engine;
 pub mod env;

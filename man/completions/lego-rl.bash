@@ -22,11 +22,17 @@ _lego__rl() {
             lego__rl,build-images)
                 cmd="lego__rl__subcmd__build__subcmd__images"
                 ;;
+            lego__rl,env)
+                cmd="lego__rl__subcmd__env"
+                ;;
             lego__rl,filter-tasks)
                 cmd="lego__rl__subcmd__filter__subcmd__tasks"
                 ;;
             lego__rl,generate-docs)
                 cmd="lego__rl__subcmd__generate__subcmd__docs"
+                ;;
+            lego__rl,gpu-probe)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe"
                 ;;
             lego__rl,help)
                 cmd="lego__rl__subcmd__help"
@@ -43,17 +49,41 @@ _lego__rl() {
             lego__rl,validate)
                 cmd="lego__rl__subcmd__validate"
                 ;;
+            lego__rl__subcmd__gpu__subcmd__probe,decode)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__decode"
+                ;;
+            lego__rl__subcmd__gpu__subcmd__probe,help)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__help"
+                ;;
+            lego__rl__subcmd__gpu__subcmd__probe,samples)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__samples"
+                ;;
+            lego__rl__subcmd__gpu__subcmd__probe__subcmd__help,decode)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__decode"
+                ;;
+            lego__rl__subcmd__gpu__subcmd__probe__subcmd__help,help)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__help"
+                ;;
+            lego__rl__subcmd__gpu__subcmd__probe__subcmd__help,samples)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__samples"
+                ;;
             lego__rl__subcmd__help,align)
                 cmd="lego__rl__subcmd__help__subcmd__align"
                 ;;
             lego__rl__subcmd__help,build-images)
                 cmd="lego__rl__subcmd__help__subcmd__build__subcmd__images"
                 ;;
+            lego__rl__subcmd__help,env)
+                cmd="lego__rl__subcmd__help__subcmd__env"
+                ;;
             lego__rl__subcmd__help,filter-tasks)
                 cmd="lego__rl__subcmd__help__subcmd__filter__subcmd__tasks"
                 ;;
             lego__rl__subcmd__help,generate-docs)
                 cmd="lego__rl__subcmd__help__subcmd__generate__subcmd__docs"
+                ;;
+            lego__rl__subcmd__help,gpu-probe)
+                cmd="lego__rl__subcmd__help__subcmd__gpu__subcmd__probe"
                 ;;
             lego__rl__subcmd__help,help)
                 cmd="lego__rl__subcmd__help__subcmd__help"
@@ -70,6 +100,12 @@ _lego__rl() {
             lego__rl__subcmd__help,validate)
                 cmd="lego__rl__subcmd__help__subcmd__validate"
                 ;;
+            lego__rl__subcmd__help__subcmd__gpu__subcmd__probe,decode)
+                cmd="lego__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__decode"
+                ;;
+            lego__rl__subcmd__help__subcmd__gpu__subcmd__probe,samples)
+                cmd="lego__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__samples"
+                ;;
             *)
                 ;;
         esac
@@ -77,7 +113,7 @@ _lego__rl() {
 
     case "${cmd}" in
         lego__rl)
-            opts="-v -q -h -V --verbose --quiet --no-progress --strict --help --version filter-tasks build-images rollout align train-step validate report generate-docs help"
+            opts="-v -q -h -V --verbose --quiet --no-progress --strict --help --version filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -183,6 +219,20 @@ _lego__rl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__env)
+            opts="-v -q -h -V --json --verbose --quiet --no-progress --strict --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
                 *)
                     COMPREPLY=()
                     ;;
@@ -338,8 +388,186 @@ _lego__rl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe)
+            opts="-v -q -h -V --checkpoint --device --sequences --prompt-tokens --new-tokens --seed --verbose --quiet --no-progress --strict --help --version samples decode help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --checkpoint)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequences)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --new-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__decode)
+            opts="-v -q -h -V --checkpoint --device --sequences --prompt-tokens --new-tokens --seed --verbose --quiet --no-progress --strict --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --checkpoint)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequences)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --new-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__help)
+            opts="samples decode help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__decode)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__samples)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__samples)
+            opts="-o -v -q -h -V --output --checkpoint --device --sequences --prompt-tokens --new-tokens --seed --verbose --quiet --no-progress --strict --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --output)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --checkpoint)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequences)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --new-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         lego__subcmd__rl__subcmd__help)
-            opts="filter-tasks build-images rollout align train-step validate report generate-docs help"
+            opts="filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -380,6 +608,20 @@ _lego__rl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        lego__subcmd__rl__subcmd__help__subcmd__env)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         lego__subcmd__rl__subcmd__help__subcmd__filter__subcmd__tasks)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -397,6 +639,48 @@ _lego__rl() {
         lego__subcmd__rl__subcmd__help__subcmd__generate__subcmd__docs)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__help__subcmd__gpu__subcmd__probe)
+            opts="samples decode"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__decode)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__samples)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

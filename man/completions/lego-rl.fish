@@ -37,7 +37,9 @@ complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "align" -d 'Align tr
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing.'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories.'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live.'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "env" -d 'Report the torch, CUDA and NCCL this binary uses, the GPUs and the threads.'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "generate-docs" -d 'Writes the man pages and shell completions (for maintainers)'
+complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "gpu-probe" -d 'Engine probes for scripts/gpu/check.sh (for maintainers)'
 complete -c lego-rl -n "__fish_lego_rl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s i -l input -d 'Task pool: SWE-bench JSONL/.json, swebench task repositories, Harbor task directories, lego-rl task records' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s o -l output -d 'Kept tasks as lego-rl task records (zstd unless the name ends in .jsonl)' -r -F
@@ -217,18 +219,72 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l no-progress -
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s V -l version -d 'Print version'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -l json -d 'One JSON object on stdout (schema `lego-rl/env/v1`) instead of the table'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -s q -l quiet -d 'Only errors on stderr'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand env" -s V -l version -d 'Print version'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s h -l help -d 'Print help'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "build-images" -d 'Build (or find cached) container images for tasks.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "rollout" -d 'Run harnesses on tasks in sandboxes and record trajectories.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "align" -d 'Align trajectories into token-exact training samples.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live.'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "generate-docs" -d 'Writes the man pages and shell completions (for maintainers)'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report generate-docs help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l sequences -d 'Sequences generated at once' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l prompt-tokens -d 'Random prompt tokens per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l new-tokens -d 'Tokens generated per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l seed -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s q -l quiet -d 'Only errors on stderr'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s h -l help -d 'Print help'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s V -l version -d 'Print version'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -s o -l output -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l sequences -d 'Sequences generated at once' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l prompt-tokens -d 'Random prompt tokens per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l new-tokens -d 'Tokens generated per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l seed -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -s q -l quiet -d 'Only errors on stderr'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -s h -l help -d 'Print help'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -s V -l version -d 'Print version'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l sequences -d 'Sequences generated at once' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l prompt-tokens -d 'Random prompt tokens per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l new-tokens -d 'Tokens generated per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l seed -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -s q -l quiet -d 'Only errors on stderr'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -s h -l help -d 'Print help'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -s V -l version -d 'Print version'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "build-images" -d 'Build (or find cached) container images for tasks.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "rollout" -d 'Run harnesses on tasks in sandboxes and record trajectories.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "align" -d 'Align trajectories into token-exact training samples.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "train-step" -d 'Update the policy with GSPO on aligned samples, replaying rollout routing.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "validate" -d 'Check record files, judge a run\'s health against gates, or score held-out trajectories.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "report" -d 'Write CSV tables and an HTML report of a run, or serve it live.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "env" -d 'Report the torch, CUDA and NCCL this binary uses, the GPUs and the threads.'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "generate-docs" -d 'Writes the man pages and shell completions (for maintainers)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "gpu-probe" -d 'Engine probes for scripts/gpu/check.sh (for maintainers)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and __fish_seen_subcommand_from gpu-probe" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and __fish_seen_subcommand_from gpu-probe" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'

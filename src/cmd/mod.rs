@@ -3,8 +3,10 @@
 
 pub mod align;
 pub mod build_images;
+pub mod env;
 pub mod filter_tasks;
 pub mod generate_docs;
+pub mod gpu_probe;
 pub mod report;
 pub mod rollout;
 pub mod train_step;
@@ -39,7 +41,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::TrainStep(args) => train_step::run(args, &global),
         Command::Validate(args) => validate::run(args, &global),
         Command::Report(args) => report::run(args, &global),
+        Command::Env(args) => env::run(args, &global),
         Command::GenerateDocs(args) => generate_docs::run(args),
+        Command::GpuProbe(args) => gpu_probe::run(args, &global),
     }
 }
 

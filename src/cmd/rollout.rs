@@ -144,6 +144,8 @@ pub enum Mode {
 
 /// Runs `rollout`.
 pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    // Before any task is read or container started: `--device cuda` without a GPU fails here.
+    crate::device::resolve(&args.device)?;
     let temperature = args
         .temperature
         .unwrap_or(if args.mode == Mode::Eval { 0.7 } else { 1.0 });

@@ -11,7 +11,7 @@ use super::Outcome;
 use crate::cli::GlobalArgs;
 use crate::dist::{launch::run_local, Backend, ProcessGroup};
 use crate::io::{read_all, AppendWriter, ReadOptions};
-use crate::model::{parse_device, parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
+use crate::model::{parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
 use crate::train::plan::{self, parse_size, Plan, PlanSpec};
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};
@@ -208,8 +208,8 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         return print_plan(&args);
     }
     let out = args.out.clone().context("--out is required")?;
-    let mut device = parse_device(&args.device)
-        .with_context(|| format!("--device {}: expected cpu, cuda or cuda:N", args.device))?;
+    // Before anything is read or launched: `--device cuda` without a GPU fails here, saying so.
+    let mut device = crate::device::resolve(&args.device)?;
     if let Some(n) = args.nproc_per_node.filter(|_| std::env::var_os("RANK").is_none()) {
         anyhow::ensure!(n >= 1, "--nproc-per-node 0: need at least one rank");
         if args.input == Path::new("-") {

@@ -236,7 +236,7 @@ void* lr_dist_init(
           store, rank, world_size, o);
 #else
       throw std::runtime_error(
-          "this lego-rl was built without NCCL (cargo feature `nccl`)");
+          "this lego-rl was built without NCCL (no CUDA torch wheel or CUDA headers at build time; scripts/setup.sh fetches them)");
 #endif
     } else {
       throw std::invalid_argument("unknown backend " + std::to_string(backend));
@@ -271,7 +271,7 @@ void* lr_dist_subgroup(
       pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, index, n, o);
 #else
       throw std::runtime_error(
-          "this lego-rl was built without NCCL (cargo feature `nccl`)");
+          "this lego-rl was built without NCCL (no CUDA torch wheel or CUDA headers at build time; scripts/setup.sh fetches them)");
 #endif
     }
     group = new Group();

@@ -14,6 +14,7 @@ mod dist_train;
 mod docs;
 mod engine;
 mod filter_tasks;
+mod gpu_check;
 mod harnesses;
 mod hybrid;
 mod hybrid_checkpoint;
