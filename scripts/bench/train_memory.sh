@@ -25,7 +25,7 @@ if [ "${1:-}" = masters ]; then
   [ -x target/release/lego-rl ] || cargo build --release --quiet
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  "$py" scripts/bench/train_reference.py make-samples "$ckpt" "$work/samples.jsonl" 8 64 32 0 2>/dev/null
+  "$py" scripts/bench/train_reference.py make-samples "$ckpt" "$work/samples.jsonl" 16 64 32 1 2>/dev/null
   printf 'optimizer state per rank, %s (bf16 weights, fp32 moments and masters), CPU\n' "$(basename "$ckpt")"
   for world in 1 2; do
     zero=$((world > 1 ? 1 : 0))
@@ -38,7 +38,7 @@ import json, sys, zstandard
 d = zstandard.ZstdDecompressor().stream_reader(open(sys.argv[1], 'rb'), read_across_frames=True).read().decode()
 m = json.loads(d.splitlines()[-1])
 plan = json.load(open(sys.argv[2]))
-measured = m["optimizer_state_bytes"]
+measured = m["extra"]["optimizer_state_bytes"]
 moments, masters = plan["optimizer"], plan["masters"]
 planned = moments["dense"] + moments["experts"] + masters["dense"] + masters["experts"]
 mib = 1 << 20
