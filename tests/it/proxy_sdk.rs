@@ -31,7 +31,7 @@ async fn start(c: ProxyConfig) -> (Proxy, Arc<EmbeddedBackend>, String) {
 }
 
 /// Runs `tests/python/{script} {scenario} {config}` with the venv's Python; returns its JSON.
-async fn sdk(script: &str, scenario: &str, config: &Value) -> Value {
+pub(crate) async fn sdk(script: &str, scenario: &str, config: &Value) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let cfg_path = dir.path().join("config.json");
     std::fs::write(&cfg_path, config.to_string()).unwrap();
