@@ -20,6 +20,9 @@ fn cfg() -> ProxyConfig {
     let mut c = ProxyConfig::default();
     c.sampling.max_tokens = Some(16);
     c.sampling.seed = Some(11);
+    // A generation stops the moment its client leaves (the disconnect tests); the retry grace
+    // that keeps it running for a retry is tests/it/retry.rs's.
+    c.retry_grace = std::time::Duration::ZERO;
     c
 }
 

@@ -15,18 +15,26 @@ use tch::Device;
 use super::proxy::chat;
 use super::proxy_sdk::sdk;
 
-/// A long scripted first answer (hundreds of decode steps: well over the client's 50 ms), then a
-/// short second one.
+/// Words of the first answer: 150 decode steps, well over the client's 50 ms.
+const WORDS: usize = 150;
+
+/// A long scripted first answer, then a short second one.
 fn scripts() -> [String; 2] {
     [
-        format!("<think>\nLook.\n</think>\n\n{}", "word ".repeat(400).trim_end()),
+        format!("<think>\nLook.\n</think>\n\n{}", "word ".repeat(WORDS).trim_end()),
         "<think>\nFix.\n</think>\n\nDone.".to_string(),
     ]
 }
 
 async fn run(script: &str, url_suffix: &str) -> (Value, Vec<Generation>) {
     let backend = Arc::new(EmbeddedBackend::start(&crate::model::tiny_moe(), Device::Cpu).unwrap());
-    let proxy = Proxy::new(chat(), backend, ProxyConfig::default());
+    // A grace longer than the SDK's backoff over 4 retries (0.5 + 1 + 2 + 4 s at most), so that
+    // the generation outlives every gap between attempts however slow the machine.
+    let cfg = ProxyConfig {
+        retry_grace: std::time::Duration::from_secs(10),
+        ..ProxyConfig::default()
+    };
+    let proxy = Proxy::new(chat(), backend, cfg);
     let (addr, _) = proxy.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let (token, trial) = proxy.register_trial("retry/0/0");
     trial.push_script(scripts());
@@ -70,7 +78,7 @@ fn check(out: &Value, gens: &[Generation], first_text: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_sdk_retry_after_a_client_timeout_is_answered_from_the_first_generation() {
     let (out, gens) = run("openai_client.py", "/v1").await;
-    let words = "word ".repeat(400);
+    let words = "word ".repeat(WORDS);
     assert_eq!(
         out["first"]["content"].as_str().unwrap(),
         words.trim_end(),
@@ -82,7 +90,7 @@ async fn openai_sdk_retry_after_a_client_timeout_is_answered_from_the_first_gene
 #[tokio::test(flavor = "multi_thread")]
 async fn anthropic_sdk_retry_after_a_client_timeout_is_answered_from_the_first_generation() {
     let (out, gens) = run("anthropic_client.py", "").await;
-    let words = "word ".repeat(400);
+    let words = "word ".repeat(WORDS);
     let text: Vec<&Value> = out["first"]["blocks"]
         .as_array()
         .unwrap()
@@ -126,7 +134,7 @@ async fn a_repeated_streaming_request_is_streamed_again_from_the_same_generation
         }
     }
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    assert_eq!(content, "word ".repeat(400).trim_end(), "{text}");
+    assert_eq!(content, "word ".repeat(WORDS).trim_end(), "{text}");
     let gens = trial.generations();
     assert_eq!(gens.len(), 1, "{gens:#?}");
     assert_eq!(gens[0].status.as_deref(), Some("ok"));
