@@ -793,7 +793,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__rollout)
-            opts="-i -o -j -v -q -h -V --input --images --harness --backend --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --mode --temperature --top-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --prefix-cache-bytes --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --images --harness --backend --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --mode --temperature --harness-sampling --top-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --prefix-cache-bytes --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -875,6 +875,10 @@ _lego__rl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --harness-sampling)
+                    COMPREPLY=($(compgen -W "pin honor" -- "${cur}"))
+                    return 0
+                    ;;
                 --top-p)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -931,7 +935,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__train__subcmd__step)
-            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --freeze --replay --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --expert-parallel --expert-layout --plan --device-memory --world-size --format --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -v -q -h -V --input --checkpoint --out --metrics --device --dtype --loss --lr --min-lr --warmup-steps --schedule --total-steps --weight-decay --eps-low --eps-high --updates --micro-batch-tokens --activation-checkpointing --logprob-chunk --max-grad-norm --tis-cap --is-correction --is-mask-low --is-mask-high --is-geo-low --is-geo-high --freeze --replay --seed --nproc-per-node --zero --dist-timeout --dist-backend --bucket-mb --expert-parallel --expert-layout --plan --device-memory --world-size --format --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1018,6 +1022,26 @@ _lego__rl() {
                     return 0
                     ;;
                 --tis-cap)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --is-correction)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --is-mask-low)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --is-mask-high)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --is-geo-low)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --is-geo-high)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

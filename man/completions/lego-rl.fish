@@ -110,9 +110,11 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l first-group 
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-trajectories -d 'Stop starting groups once this many trajectories are in the output or running' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l follow -d 'Checkpoint root to follow (asynchronous operation)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-staleness -d 'Policy versions a finished group may lag behind the newest checkpoint (with --follow)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l mode -d 'train or eval (recorded in every trajectory; sets the default temperature)' -r -f -a "train\t''
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l mode -d 'train or eval (recorded in every trajectory; sets the default temperature and --harness-sampling)' -r -f -a "train\t''
 eval\t''"
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l temperature -d 'Sampling temperature (default 1.0 for train, 0.7 for eval); requests may override it' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l temperature -d 'Sampling temperature (default 1.0 for train, 0.7 for eval)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l harness-sampling -d 'What to do with a request\'s own temperature / top_p / top_k / min_p: pin (ignore them: rollout\'s sampling is the behaviour policy the trainer divides by; the ignored values are recorded in the generation\'s ignored_sampling and counted) or honor (use them). Default: pin in train mode, honor in eval mode' -r -f -a "pin\t'The proxy\'s configured sampling is the only sampling; request values are ignored and recorded (train mode)'
+honor\t'The request\'s values override the configured ones (eval mode; the library\'s default)'"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l top-p -d 'Nucleus sampling' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l max-tokens -d 'Default max output tokens per call (requests may override it)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l seed -d 'Sampling seed for reproducible runs: each model call samples with this seed mixed with its trial id and call index, so a rerun samples the same while the members of a group still differ. A seed sent by the harness itself is used as is' -r
@@ -167,7 +169,12 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l updates -
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l micro-batch-tokens -d 'Tokens per packed micro-batch (gradient accumulation over micro-batches)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l logprob-chunk -d 'Positions per chunk of the LM head (0 = off: all scored positions at once)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l max-grad-norm -d 'Gradient-norm clip (0 = off)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l tis-cap -d 'Truncated importance-sampling cap on π_old/π_rollout per token (off when absent)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l tis-cap -d 'Truncated importance-sampling cap on π_old/π_rollout per token (off when absent; the cap of --is-correction tis, 2.0 there when absent)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l is-correction -d 'Off-policy corrections of the rollout/trainer mismatch, comma-separated: tis (token weight min(ρ, --tis-cap)), token-mask (IcePop: zero weight for a token whose ρ = π_old/π_rollout leaves [--is-mask-low, --is-mask-high]), seq-mask (drop a sequence with any such token), geo-mask (drop a sequence whose geometric-mean ρ leaves [--is-geo-low, --is-geo-high]). Combinable with each other and with --replay. The metrics record the masked fractions and the spread of log ρ (is_*). Example: --is-correction geo-mask,tis' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l is-mask-low -d 'Lower bound of ρ kept by token-mask and seq-mask' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l is-mask-high -d 'Upper bound of ρ kept by token-mask and seq-mask' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l is-geo-low -d 'Lower bound of the geometric-mean ρ kept by geo-mask' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l is-geo-high -d 'Upper bound of the geometric-mean ρ kept by geo-mask' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l freeze -d 'Parameters not to update: a regular expression matched anywhere in the Hugging Face parameter names (e.g. `embed_tokens` freezes the token embeddings, and with them a tied LM head). Matching no parameter, or all of them, is an error' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l replay -d 'MoE routing replay (R3): `on`, the trainer\'s MoE layers use the experts recorded at generation time (gates still from its own router); `off`, its router picks its own and the record is only compared with them (expert_overlap, and the log-prob agreement without R3: the paper\'s ablation). The metrics record which (`routing_replay`)' -r -f -a "on\t''
 off\t''"

@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::Outcome;
 use crate::cli::GlobalArgs;
+use crate::proxy::HarnessSampling;
 use crate::records::Sampling;
 use crate::rollout::{BackendSpec, RolloutConfig, Shard};
 use crate::sandbox::DEFAULT_BASE_IMAGE;
@@ -80,12 +81,19 @@ pub struct RolloutArgs {
     /// Policy versions a finished group may lag behind the newest checkpoint (with --follow).
     #[arg(long, default_value_t = 1)]
     pub max_staleness: u64,
-    /// train or eval (recorded in every trajectory; sets the default temperature).
+    /// train or eval (recorded in every trajectory; sets the default temperature and
+    /// --harness-sampling).
     #[arg(long, value_enum, default_value = "train")]
     pub mode: Mode,
-    /// Sampling temperature (default 1.0 for train, 0.7 for eval); requests may override it.
+    /// Sampling temperature (default 1.0 for train, 0.7 for eval).
     #[arg(long)]
     pub temperature: Option<f64>,
+    /// What to do with a request's own temperature / top_p / top_k / min_p: pin (ignore them:
+    /// rollout's sampling is the behaviour policy the trainer divides by; the ignored values are
+    /// recorded in the generation's ignored_sampling and counted) or honor (use them). Default:
+    /// pin in train mode, honor in eval mode.
+    #[arg(long, value_enum)]
+    pub harness_sampling: Option<HarnessSampling>,
     /// Nucleus sampling.
     #[arg(long)]
     pub top_p: Option<f64>,
@@ -142,6 +150,15 @@ pub enum Mode {
     Eval,
 }
 
+/// `--harness-sampling`, or the mode's default: train pins rollout's sampling (it is the behaviour
+/// policy the trainer divides by), eval honours the harness's.
+fn harness_sampling(mode: Mode, flag: Option<HarnessSampling>) -> HarnessSampling {
+    flag.unwrap_or(match mode {
+        Mode::Train => HarnessSampling::Pin,
+        Mode::Eval => HarnessSampling::Honor,
+    })
+}
+
 /// Runs `rollout`.
 pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     // Before any task is read or container started: `--device cuda` without a GPU fails here.
@@ -175,6 +192,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
             seed: args.seed,
             ..Default::default()
         },
+        harness_sampling: harness_sampling(args.mode, args.harness_sampling),
         max_turns: args.max_turns,
         agent_timeout: args.agent_timeout.map(Duration::from_secs_f64),
         forced: args.forced,
@@ -196,7 +214,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         .with_context(|| format!("rollout into {}", args.output.display()))?;
     let mean = s.reward_mean.map_or("-".to_string(), |m| format!("{m:.3}"));
     crate::stderr_line!(
-        "rollout: {} trajectories in {} groups written ({} already there), {} infra failures{}, reward mean {mean}{}{}{}",
+        "rollout: {} trajectories in {} groups written ({} already there), {} infra failures{}, reward mean {mean}{}{}{}{}",
         s.written,
         s.groups,
         s.existing,
@@ -209,6 +227,11 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         },
         if s.reloads > 0 || s.stale_groups > 0 {
             format!(", {} reloads, {} stale groups rerun", s.reloads, s.stale_groups)
+        } else {
+            String::new()
+        },
+        if s.sampling_overrides > 0 {
+            format!(", {} generations without the request's own sampling (ignored_sampling)", s.sampling_overrides)
         } else {
             String::new()
         },
@@ -236,4 +259,17 @@ fn prefix_cache_line(c: &crate::engine::PrefixCacheStats) -> String {
         gib(c.bytes),
         gib(c.budget)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn train_mode_pins_the_harness_sampling_and_eval_honours_it_unless_told() {
+        assert_eq!(harness_sampling(Mode::Train, None), HarnessSampling::Pin);
+        assert_eq!(harness_sampling(Mode::Eval, None), HarnessSampling::Honor);
+        let told = Some(HarnessSampling::Honor);
+        assert_eq!(harness_sampling(Mode::Train, told), HarnessSampling::Honor);
+    }
 }

@@ -13,6 +13,7 @@ use crate::dist::{launch::run_local, Backend, ProcessGroup};
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::model::{parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
+use crate::train::correction::{Correction, CorrectionSettings};
 use crate::train::plan::{self, parse_size, Plan, PlanSpec};
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};
 
@@ -109,9 +110,30 @@ pub struct TrainStepArgs {
     /// Gradient-norm clip (0 = off).
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
-    /// Truncated importance-sampling cap on π_old/π_rollout per token (off when absent).
+    /// Truncated importance-sampling cap on π_old/π_rollout per token (off when absent; the cap
+    /// of --is-correction tis, 2.0 there when absent).
     #[arg(long)]
     pub tis_cap: Option<f64>,
+    /// Off-policy corrections of the rollout/trainer mismatch, comma-separated: tis (token
+    /// weight min(ρ, --tis-cap)), token-mask (IcePop: zero weight for a token whose
+    /// ρ = π_old/π_rollout leaves [--is-mask-low, --is-mask-high]), seq-mask (drop a sequence with
+    /// any such token), geo-mask (drop a sequence whose geometric-mean ρ leaves [--is-geo-low,
+    /// --is-geo-high]). Combinable with each other and with --replay. The metrics record the
+    /// masked fractions and the spread of log ρ (is_*). Example: --is-correction geo-mask,tis
+    #[arg(long, value_delimiter = ',', value_name = "KINDS")]
+    pub is_correction: Vec<Correction>,
+    /// Lower bound of ρ kept by token-mask and seq-mask.
+    #[arg(long, default_value_t = 0.5)]
+    pub is_mask_low: f64,
+    /// Upper bound of ρ kept by token-mask and seq-mask.
+    #[arg(long, default_value_t = 2.0)]
+    pub is_mask_high: f64,
+    /// Lower bound of the geometric-mean ρ kept by geo-mask.
+    #[arg(long, default_value_t = 0.99)]
+    pub is_geo_low: f64,
+    /// Upper bound of the geometric-mean ρ kept by geo-mask.
+    #[arg(long, default_value_t = 1.01)]
+    pub is_geo_high: f64,
     /// Parameters not to update: a regular expression matched anywhere in the Hugging Face
     /// parameter names (e.g. `embed_tokens` freezes the token embeddings, and with them a tied
     /// LM head). Matching no parameter, or all of them, is an error.
@@ -252,6 +274,14 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk),
         max_grad_norm: args.max_grad_norm,
         tis_cap: args.tis_cap,
+        correction: CorrectionSettings {
+            kinds: args.is_correction.clone(),
+            tis_cap: args.tis_cap.unwrap_or(2.0),
+            mask_low: args.is_mask_low,
+            mask_high: args.is_mask_high,
+            geo_low: args.is_geo_low,
+            geo_high: args.is_geo_high,
+        },
         adv_eps: 1e-6,
         freeze: args.freeze.clone(),
         zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
@@ -267,6 +297,19 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             ..AdamWConfig::default()
         },
     };
+    for (name, low, high) in [
+        (
+            "--is-mask-low/--is-mask-high",
+            args.is_mask_low,
+            args.is_mask_high,
+        ),
+        ("--is-geo-low/--is-geo-high", args.is_geo_low, args.is_geo_high),
+    ] {
+        anyhow::ensure!(
+            0.0 < low && low <= 1.0 && 1.0 <= high,
+            "{name} {low}/{high}: need 0 < low <= 1 <= high (an on-policy token, ratio 1, is always kept)"
+        );
+    }
     anyhow::ensure!(args.expert_parallel >= 1, "--expert-parallel 0: need at least 1");
     check_out(&out)?;
     // A family the model code does not implement is refused before any sample is read.

@@ -13,7 +13,8 @@ use axum::Json;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::capture::{prepare, run, run_streaming, Outcome, Progress, Trial};
+use super::capture::{prepare, Outcome, Trial};
+use super::flight::{run, run_streaming, Progress};
 use super::routes::{error_response, Api};
 use super::{ProxyError, State};
 use crate::chat::anthropic::MessagesRequest;
@@ -50,7 +51,7 @@ pub(crate) async fn count_tokens(state: Arc<State>, body: Bytes) -> Response {
     }
 }
 
-pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes) -> Response {
+pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes, retry: u32) -> Response {
     let (raw, req, conv) = match parse(&state, &body) {
         Ok(x) => x,
         Err(e) => return error_response(Api::Anthropic, &e),
@@ -75,7 +76,7 @@ pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes) 
     } else {
         req.model.clone()
     };
-    let prepared = match prepare(&state, &trial, "anthropic", raw, conv, opts, s) {
+    let prepared = match prepare(&state, &trial, "anthropic", raw, conv, opts, s, retry) {
         Ok(p) => p,
         Err(e) => return error_response(Api::Anthropic, &e),
     };

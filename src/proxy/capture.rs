@@ -3,18 +3,21 @@
 //! written before the response is sent. A request whose client goes away before the answer is
 //! recorded as `client_disconnected`; a backend failure as `infra_error`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use super::flight::Flight;
 use super::{ProxyError, State};
 use crate::chat::{
-    Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, StreamEvent, ToolCallIds,
+    Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, ToolCallIds,
 };
 use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
-use crate::records::{Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS};
+use crate::records::{
+    Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS, REPLAYS,
+};
 
 /// One captured generation with what faithful prompting of the next turn needs.
 #[derive(Debug, Clone)]
@@ -33,6 +36,10 @@ struct Inner {
     /// Scripted continuations, forced in order (tests and demonstrations).
     script: VecDeque<String>,
     next_index: u32,
+    /// Each thread's latest request body and its generation, which a retry of it is answered from.
+    last: HashMap<u32, (Value, Arc<Flight>)>,
+    /// Retries answered from a recorded generation, by the generation's index.
+    replays: BTreeMap<u32, u64>,
 }
 
 /// A trial's captures.
@@ -54,16 +61,53 @@ impl Trial {
         self.inner.lock().expect("invariant: lock not poisoned")
     }
 
-    /// Every generation captured so far, in request order.
+    /// Every generation captured so far, in request order. A generation that also answered
+    /// client retries has their count in `extra.replays`.
     pub fn generations(&self) -> Vec<Generation> {
-        let mut g: Vec<Generation> = self
-            .lock()
+        let inner = self.lock();
+        let mut g: Vec<Generation> = inner
             .captured
             .iter()
-            .map(|c| c.generation.clone())
+            .map(|c| {
+                let mut g = c.generation.clone();
+                if let Some(n) = inner.replays.get(&g.index) {
+                    g.extra.insert(REPLAYS.into(), json!(n));
+                }
+                g
+            })
             .collect();
         g.sort_by_key(|g| g.index);
         g
+    }
+
+    /// Client retries answered from a recorded generation instead of generating again.
+    pub fn replays(&self) -> u64 {
+        self.lock().replays.values().sum()
+    }
+
+    /// Remembers `flight` as the latest request of `thread`, with its body.
+    pub(super) fn set_last(&self, thread: u32, body: Value, flight: Arc<Flight>) {
+        self.lock().last.insert(thread, (body, flight));
+    }
+
+    /// The generation a request repeats, when it is a retry of its thread's latest request: the
+    /// same body, or a retry the client announced (`x-stainless-retry-count` > 0, `retry`) with
+    /// the same prompt. Only a generation still running or complete can answer it (one that
+    /// failed or was cancelled cannot); the replay is counted.
+    fn replay_of(&self, thread: u32, body: &Value, retry: u32) -> Option<Arc<Flight>> {
+        let mut inner = self.lock();
+        let (prev, flight) = inner.last.get(&thread)?;
+        let same_prompt = || {
+            ["messages", "system", "prompt", "tools"]
+                .iter()
+                .all(|k| prev.get(*k) == body.get(*k))
+        };
+        if !(prev == body || (retry > 0 && same_prompt())) || !flight.replayable() {
+            return None;
+        }
+        let flight = flight.clone();
+        *inner.replays.entry(flight.index).or_default() += 1;
+        Some(flight)
     }
 
     /// Queues scripted assistant outputs (raw model text, e.g. with `<tool_call>` markup) that the
@@ -110,6 +154,7 @@ impl Trial {
 }
 
 /// What the API layers need to answer.
+#[derive(Debug, Clone)]
 pub(crate) struct Outcome {
     pub parsed: ParsedOutput,
     pub prompt_tokens: usize,
@@ -159,28 +204,41 @@ impl Drop for InFlight {
 
 /// A request whose prompt is built and checked, ready for the backend. Dropping it unanswered
 /// (the client went away before or during the generation) records `client_disconnected`.
-pub(crate) struct Prepared {
-    trial: Arc<Trial>,
-    api: &'static str,
-    conv: Conversation,
+pub(super) struct Fresh {
+    pub(super) trial: Arc<Trial>,
+    pub(super) api: &'static str,
+    pub(super) conv: Conversation,
     opts: RenderOptions,
-    record: Generation,
+    pub(super) record: Generation,
     request: GenerateRequest,
     started: Instant,
     guard: InFlight,
     /// A plain-text completion: no chat parsing of the output.
-    raw: bool,
+    pub(super) raw: bool,
+}
+
+/// What a request is answered with: a new generation, or (a client's retry of its thread's
+/// latest request) the generation already running or recorded for it.
+pub(crate) enum Prepared {
+    Fresh(Box<Fresh>),
+    Replay(Arc<Flight>),
 }
 
 impl Prepared {
     /// The generation's index in its trial (response ids derive from it).
     pub(crate) fn index(&self) -> u32 {
-        self.record.index
+        match self {
+            Prepared::Fresh(p) => p.record.index,
+            Prepared::Replay(f) => f.index,
+        }
     }
 
     /// Tokens of the prompt.
     pub(crate) fn prompt_tokens(&self) -> usize {
-        self.record.prompt_ids.len()
+        match self {
+            Prepared::Fresh(p) => p.record.prompt_ids.len(),
+            Prepared::Replay(f) => f.prompt_ids.len(),
+        }
     }
 }
 
@@ -194,8 +252,9 @@ pub(crate) fn prepare(
     conv: Conversation,
     opts: RenderOptions,
     sampling: Sampling,
+    retry: u32,
 ) -> Result<Prepared, ProxyError> {
-    prepare_inner(state, trial, api, request, conv, opts, sampling, None)
+    prepare_inner(state, trial, api, request, conv, opts, sampling, None, retry)
 }
 
 /// [`prepare`] for a plain-text completion (`/v1/completions`): the prompt is the client's text
@@ -207,6 +266,7 @@ pub(crate) fn prepare_raw(
     request: Value,
     prompt_ids: Vec<u32>,
     sampling: Sampling,
+    retry: u32,
 ) -> Result<Prepared, ProxyError> {
     // The thread key of a plain completion is its prompt.
     let text = state.chat.decode(&prompt_ids, false).unwrap_or_default();
@@ -215,7 +275,17 @@ pub(crate) fn prepare_raw(
         ..Default::default()
     };
     let opts = RenderOptions::generation(None);
-    prepare_inner(state, trial, api, request, conv, opts, sampling, Some(prompt_ids))
+    prepare_inner(
+        state,
+        trial,
+        api,
+        request,
+        conv,
+        opts,
+        sampling,
+        Some(prompt_ids),
+        retry,
+    )
 }
 
 /// The seed of call `index` of trial `trial_id` under the configured seed `seed` (FNV-1a over
@@ -246,10 +316,15 @@ fn prepare_inner(
     opts: RenderOptions,
     sampling: Sampling,
     raw_prompt: Option<Vec<u32>>,
+    retry: u32,
 ) -> Result<Prepared, ProxyError> {
     let started = Instant::now();
     let raw = raw_prompt.is_some();
     let thread = trial.thread_of(&conv);
+    if let Some(flight) = trial.replay_of(thread, &request, retry) {
+        tracing::debug!(trial = %trial.id, index = flight.index, "a retry answered from its generation");
+        return Ok(Prepared::Replay(flight));
+    }
     let (index, forced_text) = {
         let mut inner = trial.lock();
         let i = inner.next_index;
@@ -261,6 +336,12 @@ fn prepare_inner(
     // (one seed for every call would make a group's identical first prompts sample identically).
     // A seed the request sends itself is used as is.
     let mut sampling = sampling;
+    let ignored_sampling = super::harness_sampling::enforce(
+        state.cfg.harness_sampling,
+        &state.cfg.sampling,
+        &request,
+        &mut sampling,
+    );
     if sampling.seed.is_some() && sampling.seed == state.cfg.sampling.seed {
         sampling.seed = sampling.seed.map(|s| call_seed(s, &trial.id, index));
     }
@@ -332,6 +413,7 @@ fn prepare_inner(
         backend: Some(backend_id),
         policy_version,
         sampling: sampling.clone(),
+        ignored_sampling,
         extra,
         ..Default::default()
     };
@@ -371,7 +453,7 @@ fn prepare_inner(
         tokens: None,
         received: Vec::new(),
     };
-    Ok(Prepared {
+    Ok(Prepared::Fresh(Box::new(Fresh {
         trial: trial.clone(),
         api,
         conv,
@@ -381,90 +463,23 @@ fn prepare_inner(
         started,
         guard,
         raw,
-    })
+    })))
 }
 
-/// What a streaming answer is made of: parsed pieces of the output as the tokens come, then the
-/// outcome (the capture is written before it is sent).
-pub(crate) enum Progress {
-    Event(StreamEvent),
-    Done(Result<Outcome, ProxyError>),
-}
-
-/// Runs the generation in a task that streams parsed output events as the backend produces
-/// tokens. When the receiver is dropped (the client went away), the generation is dropped with
-/// it: the backend stops, and the capture records `client_disconnected`.
-pub(crate) fn run_streaming(state: Arc<State>, p: Prepared) -> tokio::sync::mpsc::Receiver<Progress> {
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
-    tokio::spawn(async move {
-        let ids = tool_call_ids(&p.trial, p.api, p.record.index);
-        let starts_in_reasoning = !p.raw
-            && state
-                .chat
-                .prompt_ends_in_reasoning(&p.record.prompt_ids)
-                .unwrap_or(false);
-        let tools = p.conv.tools.clone();
-        let chat_parser = (!p.raw).then(|| {
-            state
-                .chat
-                .stream_parser(ids, starts_in_reasoning)
-                .with_tools(&tools)
-        });
-        let mut parser = state.chat.output_stream(chat_parser, &p.record.sampling.stop);
-        let (tok_tx, mut tok_rx) = tokio::sync::mpsc::unbounded_channel();
-        let generation = run_with(&state, p, Some(tok_tx));
-        tokio::pin!(generation);
-        let mut parse_failed = false;
-        let mut feed = |events: Result<Vec<StreamEvent>, crate::chat::ChatError>| match events {
-            Ok(ev) if !parse_failed => ev,
-            // The final outcome reports the failure; stop previewing.
-            _ => {
-                parse_failed = true;
-                Vec::new()
-            }
-        };
-        let result = loop {
-            tokio::select! {
-                biased;
-                _ = tx.closed() => return,
-                Some(t) = tok_rx.recv() => {
-                    for ev in feed(parser.push(t.id)) {
-                        if tx.send(Progress::Event(ev)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                res = &mut generation => break res,
-            }
-        };
-        // Tokens sent before the generation finished but not yet read.
-        let mut events = Vec::new();
-        while let Ok(t) = tok_rx.try_recv() {
-            events.extend(feed(parser.push(t.id)));
-        }
-        events.extend(feed(parser.finish()));
-        for ev in events {
-            if tx.send(Progress::Event(ev)).await.is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(Progress::Done(result)).await;
-    });
-    rx
-}
-
-fn tool_call_ids(trial: &Trial, api: &str, index: u32) -> ToolCallIds {
+pub(super) fn tool_call_ids(trial: &Trial, api: &str, index: u32) -> ToolCallIds {
     let prefix = if api == "anthropic" { "toolu_" } else { "call_" };
     ToolCallIds::new(trial.id.clone(), index as u64).with_prefix(prefix)
 }
 
-/// Second half: the backend call, parsing, and the capture (written before the answer).
-pub(crate) async fn run(state: &State, p: Prepared) -> Result<Outcome, ProxyError> {
-    run_with(state, p, None).await
-}
-
-async fn run_with(state: &State, p: Prepared, tokens: Option<TokenSink>) -> Result<Outcome, ProxyError> {
-    let Prepared {
+/// Second half: the backend call, parsing, and the capture (written before the answer); each
+/// token goes to `tokens` as it comes. Dropping the future mid-generation cancels it and records
+/// `client_disconnected` (see [`super::flight`], which decides when).
+pub(super) async fn run_with(
+    state: &State,
+    p: Fresh,
+    tokens: Option<TokenSink>,
+) -> Result<Outcome, ProxyError> {
+    let Fresh {
         trial,
         api,
         conv,

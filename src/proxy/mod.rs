@@ -15,6 +15,8 @@
 
 mod anthropic_api;
 mod capture;
+mod flight;
+mod harness_sampling;
 mod openai_api;
 mod routes;
 
@@ -24,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use capture::{call_seed, Captured, Trial};
+pub use harness_sampling::{HarnessSampling, SAMPLING_FIELDS};
 
 use crate::chat::ChatFormat;
 use crate::engine::Backend;
@@ -38,8 +41,12 @@ pub struct ProxyConfig {
     pub allow_anonymous: bool,
     /// Request bodies above this size get 413.
     pub max_body_bytes: usize,
-    /// Sampling defaults; request fields override temperature/top_p/max_tokens.
+    /// Sampling defaults; request fields override temperature/top_p/top_k (unless
+    /// `harness_sampling` pins them) and cap max_tokens.
     pub sampling: Sampling,
+    /// Whether requests' own temperature/top_p/top_k are used (`Honor`) or ignored and recorded
+    /// (`Pin`, rollout's train mode).
+    pub harness_sampling: HarnessSampling,
     /// Ask the backend for MoE routing.
     pub return_routing: bool,
     /// The model id answered by `/v1/models` and echoed in responses when a request names none.
@@ -48,6 +55,10 @@ pub struct ProxyConfig {
     /// token); None: the backend's. A longer prompt is refused in the API provider's own words,
     /// which harnesses answer by compacting.
     pub max_context: Option<usize>,
+    /// How long a generation whose client went away keeps running, for the client's retry to be
+    /// answered from it (the official SDKs retry a timed-out request after 0.4-1 s); then it is
+    /// cancelled and recorded `client_disconnected`. Zero cancels at once.
+    pub retry_grace: std::time::Duration,
 }
 
 impl Default for ProxyConfig {
@@ -61,15 +72,17 @@ impl Default for ProxyConfig {
                 max_tokens: Some(4096),
                 ..Default::default()
             },
+            harness_sampling: HarnessSampling::default(),
             return_routing: true,
             model_name: "policy".into(),
             max_context: None,
+            retry_grace: std::time::Duration::from_secs(3),
         }
     }
 }
 
 /// Errors of the proxy, mapped to each API's own error JSON by the handlers.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {
     #[error("unknown or expired trial token")]
     UnknownTrial,

@@ -11,7 +11,8 @@ use axum::Json;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::capture::{prepare, prepare_raw, run, run_streaming, Outcome, Progress, Trial};
+use super::capture::{prepare, prepare_raw, Outcome, Trial};
+use super::flight::{run, run_streaming, Progress};
 use super::routes::{error_response, Api};
 use super::{ProxyError, State};
 use crate::chat::openai::{ChatCompletionRequest, StringOrList};
@@ -40,7 +41,12 @@ fn sampling(state: &State, req: &ChatCompletionRequest) -> Sampling {
     s
 }
 
-pub(crate) async fn chat_completions(state: Arc<State>, trial: Arc<Trial>, body: Bytes) -> Response {
+pub(crate) async fn chat_completions(
+    state: Arc<State>,
+    trial: Arc<Trial>,
+    body: Bytes,
+    retry: u32,
+) -> Response {
     let fail = |e: ProxyError| error_response(Api::OpenAi, &e);
     let raw: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
@@ -78,7 +84,7 @@ pub(crate) async fn chat_completions(state: Arc<State>, trial: Arc<Trial>, body:
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let prepared = match prepare(&state, &trial, "openai", raw, conv, opts, s) {
+    let prepared = match prepare(&state, &trial, "openai", raw, conv, opts, s, retry) {
         Ok(p) => p,
         Err(e) => return error_response(Api::OpenAi, &e),
     };
@@ -212,7 +218,7 @@ fn completion(model: &str, out: &Outcome) -> Value {
 
 /// `POST /v1/completions`: a plain-text prompt (string, one-element list, or token ids),
 /// continued without a chat template; the answer is raw text (`text_completion` objects).
-pub(crate) async fn completions(state: Arc<State>, trial: Arc<Trial>, body: Bytes) -> Response {
+pub(crate) async fn completions(state: Arc<State>, trial: Arc<Trial>, body: Bytes, retry: u32) -> Response {
     let fail = |e: ProxyError| error_response(Api::OpenAi, &e);
     let raw: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
@@ -259,7 +265,7 @@ pub(crate) async fn completions(state: Arc<State>, trial: Arc<Trial>, body: Byte
         .to_string();
     let stream = raw["stream"].as_bool().unwrap_or(false);
     let include_usage = raw["stream_options"]["include_usage"].as_bool().unwrap_or(false);
-    let prepared = match prepare_raw(&state, &trial, "openai-completions", raw, prompt_ids, s) {
+    let prepared = match prepare_raw(&state, &trial, "openai-completions", raw, prompt_ids, s, retry) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State as AxState};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
@@ -121,6 +121,16 @@ fn trial(state: &State, token: Option<&str>) -> Result<Arc<Trial>, ProxyError> {
     }
 }
 
+/// The retry a request says it is (`x-stainless-retry-count`, sent by the official OpenAI and
+/// Anthropic SDKs; 0 for a first attempt or a client that does not say).
+fn retry(headers: &HeaderMap) -> u32 {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 pub(crate) async fn read_body(state: &State, body: Body) -> Result<Bytes, ProxyError> {
     let limit = state.cfg.max_body_bytes;
     axum::body::to_bytes(body, limit)
@@ -128,52 +138,72 @@ pub(crate) async fn read_body(state: &State, body: Body) -> Result<Bytes, ProxyE
         .map_err(|_| ProxyError::TooLarge { limit })
 }
 
-async fn openai_chat(AxState(s): AxState<S>, body: Body) -> Response {
-    dispatch_openai(s, None, body).await
+async fn openai_chat(AxState(s): AxState<S>, headers: HeaderMap, body: Body) -> Response {
+    dispatch_openai(s, None, retry(&headers), body).await
 }
-async fn openai_chat_t(AxState(s): AxState<S>, Path(token): Path<String>, body: Body) -> Response {
-    dispatch_openai(s, Some(token), body).await
+async fn openai_chat_t(
+    AxState(s): AxState<S>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    dispatch_openai(s, Some(token), retry(&headers), body).await
 }
-async fn openai_completions(AxState(s): AxState<S>, body: Body) -> Response {
-    dispatch_completions(s, None, body).await
+async fn openai_completions(AxState(s): AxState<S>, headers: HeaderMap, body: Body) -> Response {
+    dispatch_completions(s, None, retry(&headers), body).await
 }
-async fn openai_completions_t(AxState(s): AxState<S>, Path(token): Path<String>, body: Body) -> Response {
-    dispatch_completions(s, Some(token), body).await
+async fn openai_completions_t(
+    AxState(s): AxState<S>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    dispatch_completions(s, Some(token), retry(&headers), body).await
 }
-async fn dispatch_openai(s: S, token: Option<String>, body: Body) -> Response {
+async fn dispatch_openai(s: S, token: Option<String>, retry: u32, body: Body) -> Response {
     let t = match trial(&s, token.as_deref()) {
         Ok(t) => t,
         Err(e) => return error_response(Api::OpenAi, &e),
     };
     match read_body(&s, body).await {
-        Ok(bytes) => openai_api::chat_completions(s, t, bytes).await,
+        Ok(bytes) => openai_api::chat_completions(s, t, bytes, retry).await,
         Err(e) => error_response(Api::OpenAi, &e),
     }
 }
-async fn dispatch_completions(s: S, token: Option<String>, body: Body) -> Response {
+async fn dispatch_completions(s: S, token: Option<String>, retry: u32, body: Body) -> Response {
     let t = match trial(&s, token.as_deref()) {
         Ok(t) => t,
         Err(e) => return error_response(Api::OpenAi, &e),
     };
     match read_body(&s, body).await {
-        Ok(bytes) => openai_api::completions(s, t, bytes).await,
+        Ok(bytes) => openai_api::completions(s, t, bytes, retry).await,
         Err(e) => error_response(Api::OpenAi, &e),
     }
 }
 
-async fn anthropic_messages(AxState(s): AxState<S>, body: Body) -> Response {
-    dispatch_anthropic(s, None, body, false).await
+async fn anthropic_messages(AxState(s): AxState<S>, headers: HeaderMap, body: Body) -> Response {
+    dispatch_anthropic(s, None, retry(&headers), body, false).await
 }
-async fn anthropic_messages_t(AxState(s): AxState<S>, Path(token): Path<String>, body: Body) -> Response {
-    dispatch_anthropic(s, Some(token), body, false).await
+async fn anthropic_messages_t(
+    AxState(s): AxState<S>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    dispatch_anthropic(s, Some(token), retry(&headers), body, false).await
 }
-async fn anthropic_count(AxState(s): AxState<S>, body: Body) -> Response {
-    dispatch_anthropic(s, None, body, true).await
+async fn anthropic_count(AxState(s): AxState<S>, headers: HeaderMap, body: Body) -> Response {
+    dispatch_anthropic(s, None, retry(&headers), body, true).await
 }
-async fn anthropic_count_t(AxState(s): AxState<S>, Path(token): Path<String>, body: Body) -> Response {
-    dispatch_anthropic(s, Some(token), body, true).await
+async fn anthropic_count_t(
+    AxState(s): AxState<S>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    dispatch_anthropic(s, Some(token), retry(&headers), body, true).await
 }
-async fn dispatch_anthropic(s: S, token: Option<String>, body: Body, count: bool) -> Response {
+async fn dispatch_anthropic(s: S, token: Option<String>, retry: u32, body: Body, count: bool) -> Response {
     let t = match trial(&s, token.as_deref()) {
         Ok(t) => t,
         Err(e) => return error_response(Api::Anthropic, &e),
@@ -185,7 +215,7 @@ async fn dispatch_anthropic(s: S, token: Option<String>, body: Body, count: bool
     if count {
         anthropic_api::count_tokens(s, bytes).await
     } else {
-        anthropic_api::messages(s, t, bytes).await
+        anthropic_api::messages(s, t, bytes, retry).await
     }
 }
 

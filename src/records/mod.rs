@@ -19,8 +19,8 @@ pub use sample::{AlignStats, LossMask, Sample};
 pub use task::{Environment, Grader, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
 pub use trajectory::{
     AuditEvent, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming, Termination,
-    Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, MALFORMED_TOOL_CALLS,
-    TAMPERING_KINDS,
+    Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,
+    MALFORMED_TOOL_CALLS, REPLAYS, SAMPLING_OVERRIDES, TAMPERING_KINDS,
 };
 pub use validation::{GateResult, StepMetrics, ValidationReport};
 

@@ -66,6 +66,7 @@ fn generation() -> Generation {
             max_tokens: Some(512),
             ..Default::default()
         },
+        ignored_sampling: BTreeMap::new(),
         timings: BTreeMap::from([("decode".into(), 0.5), ("prefill".into(), 0.01)]),
         status: Some("ok".into()),
         error: None,

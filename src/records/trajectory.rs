@@ -158,6 +158,11 @@ pub struct Generation {
     pub policy_version: u64,
     #[serde(default)]
     pub sampling: Sampling,
+    /// The request's own sampling values that were not used (`temperature`, `top_p`, `top_k`,
+    /// `min_p`, as sent): rollout pins its sampling in train mode (`--harness-sampling pin`), and
+    /// no engine implements `min_p`. Empty when the request was sampled as it asked.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ignored_sampling: BTreeMap<String, Value>,
     /// Seconds: `queue`, `prefill`, `decode`, `total`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub timings: BTreeMap<String, f64>,
@@ -173,6 +178,11 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Whether the request asked for sampling it was not served with ([`Self::ignored_sampling`]).
+    pub fn sampling_overridden(&self) -> bool {
+        !self.ignored_sampling.is_empty()
+    }
+
     /// Tool calls of this output the proxy rejected and returned as text
     /// (`extra.malformed_tool_calls`; 1 for a `malformed_tool_call` status without the count).
     pub fn malformed_tool_calls(&self) -> u64 {
@@ -346,6 +356,17 @@ pub const CONTEXT_REFUSALS: &str = "context_refusals";
 /// (unknown function or parameter, a value not of its type, unterminated tags, …) and returned to
 /// the harness as text; see `chat::xml_call`. Present when there were any.
 pub const MALFORMED_TOOL_CALLS: &str = "malformed_tool_calls";
+
+/// `Trajectory::metadata` key: generations whose request asked for sampling it was not served with
+/// (`Generation::ignored_sampling` non-empty). Present when there were any.
+pub const SAMPLING_OVERRIDES: &str = "sampling_overrides";
+
+/// `Generation::extra` key: client retries of the request answered from this generation instead of
+/// generating again (the proxy's retry guard); `Trajectory::metadata` key: their sum over the trial.
+pub const REPLAYS: &str = "replays";
+
+/// `Trajectory::metadata` key: `pin` or `honor`, how the proxy treated requests' own sampling.
+pub const HARNESS_SAMPLING: &str = "harness_sampling";
 
 /// `GraderResult::reason` of a trial whose diff tried to change how it is graded (reward 0).
 pub const GRADER_TAMPERING: &str = "grader_tampering";

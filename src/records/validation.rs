@@ -67,6 +67,26 @@ pub struct StepMetrics {
     pub staleness_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staleness_max: Option<u64>,
+    /// The off-policy corrections applied (`train-step --is-correction`, comma-separated:
+    /// `tis`, `token-mask`, `seq-mask`, `geo-mask`); absent with none, and so are the `is_*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_correction: Option<String>,
+    /// Fraction of loss tokens whose gradient weight a mask set to zero (token or sequence mask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_masked_token_fraction: Option<f64>,
+    /// Fraction of sequences a sequence mask (`seq-mask`, `geo-mask`) dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_masked_sequence_fraction: Option<f64>,
+    /// Fraction of loss tokens whose π_old/π_rollout exceeded the TIS cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_tis_capped_fraction: Option<f64>,
+    /// Spread of log(π_old/π_rollout) over the loss tokens: min, max, standard deviation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_log_ratio_min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_log_ratio_max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_log_ratio_std: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]

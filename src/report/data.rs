@@ -69,6 +69,9 @@ pub struct StepRow {
     pub tool_calls_mean: Option<f64>,
     /// Tool calls the proxy rejected and answered as text, over the step's trajectories.
     pub malformed_tool_calls: u64,
+    /// Generations whose request asked for sampling it was not served with (rollout pins its
+    /// sampling in train mode; `Generation::ignored_sampling`).
+    pub sampling_overrides: u64,
     pub reread_after_edit: Option<f64>,
     pub files_viewed_before_edit: Option<f64>,
     pub success_after_failure: Option<f64>,
@@ -293,6 +296,7 @@ pub fn build(
             .iter()
             .map(|g| g.malformed_tool_calls())
             .sum::<u64>();
+        row.sampling_overrides += t.generations.iter().filter(|g| g.sampling_overridden()).count() as u64;
         if let Some(c) = t.metadata.get("prefix_cache") {
             row.prompt_tokens += c["prompt_tokens"].as_u64().unwrap_or(0);
             row.cached_prompt_tokens += c["cached_tokens"].as_u64().unwrap_or(0);

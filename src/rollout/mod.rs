@@ -51,7 +51,7 @@ use backend::{load_chat, start_backend};
 use progress::Progress;
 
 use crate::io::{read_all, AppendWriter, ReadOptions};
-use crate::proxy::{Proxy, ProxyConfig};
+use crate::proxy::{HarnessSampling, Proxy, ProxyConfig};
 use crate::records::{ImageRecord, Sampling, Task, Trajectory};
 use crate::sandbox::Engine;
 
@@ -75,6 +75,8 @@ pub struct RolloutConfig {
     pub follow: Option<PathBuf>,
     pub max_staleness: u64,
     pub sampling: Sampling,
+    /// Whether requests' own temperature/top_p/top_k are ignored (`Pin`, train mode) or used.
+    pub harness_sampling: HarnessSampling,
     /// Overrides the adapter's turn budget.
     pub max_turns: Option<u32>,
     /// Overrides the tasks' agent time limit.
@@ -112,6 +114,8 @@ pub struct Summary {
     /// Groups discarded for staleness and run again.
     pub stale_groups: u64,
     pub reloads: u64,
+    /// Generations whose request asked for sampling it was not served with (pinned in train mode).
+    pub sampling_overrides: u64,
     /// The first infra failure's trajectory id and cause, so that the summary says why.
     pub first_infra_cause: Option<String>,
     /// The backend's prefix-cache counters at the end, when it keeps them (the embedded engine).
@@ -162,6 +166,7 @@ pub struct Shared {
     pub binds: Vec<String>,
     pub backend_id: String,
     pub sampling: Sampling,
+    pub harness_sampling: HarnessSampling,
     pub mode: String,
     pub agent_timeout: Option<Duration>,
 }
@@ -305,6 +310,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         backend.clone(),
         ProxyConfig {
             sampling: cfg.sampling.clone(),
+            harness_sampling: cfg.harness_sampling,
             max_context: cfg.max_context,
             ..ProxyConfig::default()
         },
@@ -338,6 +344,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         socket,
         binds: vec![runtime.bind()],
         sampling: cfg.sampling.clone(),
+        harness_sampling: cfg.harness_sampling,
         mode: cfg.mode.clone(),
         agent_timeout: cfg.agent_timeout,
     });
@@ -408,6 +415,12 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                     summary.groups += 1;
                     let infra = g.trajectories.iter().filter(|t| t.infra_failure).count() as u64;
                     summary.infra_failures += infra;
+                    summary.sampling_overrides += g
+                        .trajectories
+                        .iter()
+                        .flat_map(|t| &t.generations)
+                        .filter(|g| g.sampling_overridden())
+                        .count() as u64;
                     for t in g.trajectories.iter().filter(|t| t.infra_failure) {
                         let cause = trial::infra_cause(t).unwrap_or("no cause recorded");
                         let line = format!("{}: {}: {cause}", t.id, t.termination);

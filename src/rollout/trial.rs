@@ -13,7 +13,7 @@ use super::Shared;
 use crate::harness::{Launch, TrialContext};
 use crate::records::{
     Generation, Record, Task, Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS,
-    MALFORMED_TOOL_CALLS,
+    HARNESS_SAMPLING, MALFORMED_TOOL_CALLS, REPLAYS, SAMPLING_OVERRIDES,
 };
 use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult};
 
@@ -197,6 +197,18 @@ fn trajectory(
         .count();
     if refused > 0 {
         metadata.insert(CONTEXT_REFUSALS.into(), json!(refused));
+    }
+    metadata.insert(HARNESS_SAMPLING.into(), json!(shared.harness_sampling.as_str()));
+    let overrides = generations.iter().filter(|g| g.sampling_overridden()).count();
+    if overrides > 0 {
+        metadata.insert(SAMPLING_OVERRIDES.into(), json!(overrides));
+    }
+    let replays: u64 = generations
+        .iter()
+        .filter_map(|g| g.extra.get(REPLAYS).and_then(Value::as_u64))
+        .sum();
+    if replays > 0 {
+        metadata.insert(REPLAYS.into(), json!(replays));
     }
     let malformed: u64 = generations.iter().map(Generation::malformed_tool_calls).sum();
     if malformed > 0 {

@@ -11,6 +11,7 @@
 //! - [`expert`]: expert parallelism (each rank holds some experts of every MoE layer).
 
 pub mod batch;
+pub mod correction;
 pub mod expert;
 pub mod gspo;
 pub mod metrics;

@@ -47,8 +47,11 @@ pub struct Settings {
     /// `None`: the whole micro-batch at once, differentiated by autograd.
     pub logprob_chunk: Option<usize>,
     pub max_grad_norm: f64,
-    /// Truncated importance-sampling cap on π_old/π_rollout per token (None = off).
+    /// Truncated importance-sampling cap on π_old/π_rollout per token (None = off; with
+    /// `correction`, the cap of its `tis`).
     pub tis_cap: Option<f64>,
+    /// Off-policy corrections (`--is-correction`, [`super::correction`]); `tis_cap` alone is TIS.
+    pub correction: super::correction::CorrectionSettings,
     /// ε in A = (r − mean)/(std + ε).
     pub adv_eps: f64,
     /// Regular expression over parameter names (Hugging Face names such as
@@ -83,6 +86,7 @@ impl Default for Settings {
             logprob_chunk: Some(DEFAULT_LOGPROB_CHUNK),
             max_grad_norm: 1.0,
             tis_cap: None,
+            correction: Default::default(),
             adv_eps: 1e-6,
             freeze: None,
             optim: AdamWConfig::default(),
@@ -340,6 +344,7 @@ impl Trainer {
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
         );
+        let (is_weights, is_stats) = super::correction::for_batch(s, &batch, &old);
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
         let per_update = n_groups.div_ceil(updates);
@@ -425,12 +430,7 @@ impl Trainer {
                 for &i in &mb {
                     let seq = &batch.seqs[i];
                     let c = obj.coef[seq.traj];
-                    for (j, &o) in old[i].iter().enumerate() {
-                        let tis = s
-                            .tis_cap
-                            .map_or(1.0, |cap| (o - seq.rollout_lp[j] as f64).exp().min(cap));
-                        coef.push(c * tis);
-                    }
+                    coef.extend(is_weights[i].iter().map(|w| c * w));
                 }
                 if coef.iter().all(|&c| c == 0.0) {
                     // Expert parallelism: the others' tokens still need this rank's experts.
@@ -480,6 +480,7 @@ impl Trainer {
             },
         );
         m.routing_replay = (self.model.lm.moe_layers() > 0).then_some(s.replay);
+        super::correction::record(s, &is_stats, &mut m);
         self.memory_metrics(&mut m, &params, pg);
         Ok(m)
     }
@@ -566,6 +567,7 @@ impl Trainer {
             staleness_max: staleness.iter().copied().max(),
             seconds: Some(f.elapsed),
             extra: Default::default(),
+            ..Default::default()
         }
     }
 }

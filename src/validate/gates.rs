@@ -81,6 +81,13 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         "trainer routing equal to the recorded one (StepMetrics)",
     ),
     (
+        "is_masked_token_fraction",
+        Op::AtMost,
+        0.2,
+        "loss tokens an off-policy mask (train-step --is-correction) gave zero weight: beyond it the \
+         batch is too far off-policy for the correction to stand for it",
+    ),
+    (
         "infra_failure_rate",
         Op::AtMost,
         0.1,
@@ -413,6 +420,7 @@ fn metric(name: &str, m: &StepMetrics) -> Option<f64> {
         "logprob_pearson" => m.logprob_pearson.filter(|_| m.routing_replay != Some(false)),
         "logprob_pearson_without_replay" => m.logprob_pearson.filter(|_| m.routing_replay == Some(false)),
         "expert_overlap" => m.expert_overlap,
+        "is_masked_token_fraction" => m.is_masked_token_fraction,
         "staleness_max" => m.staleness_max.map(|v| v as f64),
         "zero_variance_group_fraction" => m.zero_variance_group_fraction,
         _ => None,

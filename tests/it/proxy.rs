@@ -146,7 +146,11 @@ async fn configured_seed_is_per_trial_and_call_and_reproducible() {
             for id in ids {
                 let (token, trial) = proxy.register_trial(id);
                 let url = format!("{base}/t/{token}/v1/chat/completions");
-                for _ in 0..2 {
+                // Two calls with the same prompt; the bodies differ (the same body twice is a
+                // client's retry, answered from the first generation).
+                for call in 0..2 {
+                    let mut body = body.clone();
+                    body["max_tokens"] = json!(24 + call);
                     let (status, resp) = post(&url, &body).await;
                     assert_eq!(status, 200, "{resp}");
                 }
@@ -348,7 +352,6 @@ async fn every_captured_harness_request_is_answered() {
     let mut c = cfg();
     c.sampling.max_tokens = Some(4);
     let (proxy, base) = start(c).await;
-    let (token, trial) = proxy.register_trial("replay");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/harness-traffic");
     let mut files = Vec::new();
     for entry in walk(&root) {
@@ -360,7 +363,10 @@ async fn every_captured_harness_request_is_answered() {
     let client = reqwest::Client::new();
     let mut answered = 0;
     let mut too_long = 0;
+    let mut gens = Vec::new();
     for f in files {
+        // Each capture is one harness run: one trial (two runs may start with the same request).
+        let (token, trial) = proxy.register_trial(&f.display().to_string());
         for line in std::fs::read_to_string(&f).unwrap().lines() {
             let req: Value = serde_json::from_str(line).unwrap();
             let path = req["path"].as_str().unwrap();
@@ -416,13 +422,13 @@ async fn every_captured_harness_request_is_answered() {
                 answered += 1;
             }
         }
+        gens.extend(trial.generations());
     }
     assert!(
         answered >= 10 && answered + too_long >= 30,
         "{answered} answered, {too_long} over the context"
     );
     // Prompts over the context are captured too, marked for `context_limit`.
-    let gens = trial.generations();
     assert_eq!(gens.len(), answered + too_long);
     let over = gens
         .iter()

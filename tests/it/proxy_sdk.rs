@@ -20,6 +20,9 @@ fn cfg() -> ProxyConfig {
     let mut c = ProxyConfig::default();
     c.sampling.max_tokens = Some(16);
     c.sampling.seed = Some(11);
+    // A generation stops the moment its client leaves (the disconnect tests); the retry grace
+    // that keeps it running for a retry is tests/it/retry.rs's.
+    c.retry_grace = std::time::Duration::ZERO;
     c
 }
 
@@ -31,7 +34,7 @@ async fn start(c: ProxyConfig) -> (Proxy, Arc<EmbeddedBackend>, String) {
 }
 
 /// Runs `tests/python/{script} {scenario} {config}` with the venv's Python; returns its JSON.
-async fn sdk(script: &str, scenario: &str, config: &Value) -> Value {
+pub(crate) async fn sdk(script: &str, scenario: &str, config: &Value) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let cfg_path = dir.path().join("config.json");
     std::fs::write(&cfg_path, config.to_string()).unwrap();

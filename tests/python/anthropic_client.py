@@ -177,6 +177,21 @@ def errors(cfg):
     return out
 
 
+def retry(cfg):
+    """A client timeout shorter than the first generation: the SDK gives up and retries the same
+    request (x-stainless-retry-count > 0); the proxy answers the retry from that generation. Then
+    the next turn, as a harness sends it."""
+    c = anthropic.Anthropic(base_url=cfg["url"], api_key="sk-ant-ignored", max_retries=cfg["max_retries"], timeout=cfg["timeout"])
+    messages = [{"role": "user", "content": "Describe the repository."}]
+    raw = c.messages.with_raw_response.create(model="qwen3", max_tokens=1024, system="You are a coding agent.", messages=messages)
+    retries = int(raw.http_request.headers.get("x-stainless-retry-count", "0"))
+    first = raw.parse()
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
+    messages.append({"role": "user", "content": "Now fix it."})
+    second = client(cfg["url"]).messages.create(model="qwen3", max_tokens=1024, system="You are a coding agent.", messages=messages)
+    return {"retries": retries, "first": summary(first), "second": summary(second)}
+
+
 if __name__ == "__main__":
     scenario, config = sys.argv[1], json.loads(open(sys.argv[2]).read())
-    print(json.dumps({"messages": messages, "errors": errors}[scenario](config)))
+    print(json.dumps({"messages": messages, "errors": errors, "retry": retry}[scenario](config)))

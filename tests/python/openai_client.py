@@ -237,6 +237,21 @@ def disconnect(cfg):
     return {"received": received, "after": summary(r)}
 
 
+def retry(cfg):
+    """A client timeout shorter than the first generation: the SDK gives up and retries the same
+    request (x-stainless-retry-count > 0); the proxy answers the retry from that generation. Then
+    the next turn, as a harness sends it."""
+    c = openai.OpenAI(base_url=cfg["url"], api_key="sk-ignored", max_retries=cfg["max_retries"], timeout=cfg["timeout"])
+    messages = [SYSTEM, {"role": "user", "content": "Describe the repository."}]
+    raw = c.chat.completions.with_raw_response.create(model="qwen3", messages=messages, tools=TOOLS)
+    retries = int(raw.http_request.headers.get("x-stainless-retry-count", "0"))
+    first = raw.parse()
+    messages.append({"role": "assistant", "content": first.choices[0].message.content})
+    messages.append({"role": "user", "content": "Now fix it."})
+    second = client(cfg["url"], timeout=600).chat.completions.create(model="qwen3", messages=messages, tools=TOOLS)
+    return {"retries": retries, "first": summary(first), "second": summary(second)}
+
+
 def stop(cfg):
     """Stop strings: `stop` as a string and as a list, not streamed and streamed (scripted outputs)."""
     c = client(cfg["url"])
@@ -338,5 +353,5 @@ def errors(cfg):
 
 if __name__ == "__main__":
     scenario, config = sys.argv[1], json.loads(open(sys.argv[2]).read())
-    result = {"chat": chat, "completions": completions, "concurrent": concurrent, "disconnect": disconnect, "errors": errors, "stop": stop}[scenario](config)
+    result = {"chat": chat, "completions": completions, "concurrent": concurrent, "disconnect": disconnect, "errors": errors, "retry": retry, "stop": stop}[scenario](config)
     print(json.dumps(result))

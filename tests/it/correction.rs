@@ -1,0 +1,116 @@
+//! `train-step --is-correction` through the trainer on the tiny MoE with routing replay (R3):
+//! crafted rollout log-probs with known ratios π_old/π_rollout are masked exactly where they should
+//! be (the metrics count them), and a batch the masks drop whole trains nothing.
+
+use std::path::Path;
+
+use lego_rl::model::Model;
+use lego_rl::records::{Packed, Sample};
+use lego_rl::train::correction::{Correction, CorrectionSettings};
+use lego_rl::train::{Settings, Trainer};
+use tch::Device;
+
+use super::model::tiny_moe;
+use super::train::{sample, settings};
+
+/// Two groups of two 12-token sequences, 8 loss tokens each, whose rollout log-probs are the
+/// model's own (ρ = 1 up to float noise).
+fn samples(model: &Model) -> Vec<Sample> {
+    let seq = |i: i64| -> Vec<i64> { (0..12).map(|t| (t * 131 + i * 977 + 1) % 4096).collect() };
+    vec![
+        sample(model, "a", 0, &seq(0), 4, 1.0, 1.0),
+        sample(model, "b", 0, &seq(1), 4, 0.0, 1.0),
+        sample(model, "c", 1, &seq(2), 4, 1.0, 1.0),
+        sample(model, "d", 1, &seq(3), 4, 0.0, 1.0),
+    ]
+}
+
+/// Adds `shift[j]` to the rollout log-prob of loss token j (ρ = π_old/π_rollout = exp(-shift)).
+fn shift(s: &mut Sample, f: impl Fn(usize) -> f32) {
+    let lp: Vec<f32> = s.rollout_logprobs.to_f32().unwrap();
+    let lp: Vec<f32> = lp.iter().enumerate().map(|(j, l)| l + f(j)).collect();
+    s.rollout_logprobs = Packed::f32_vec(&lp);
+}
+
+/// The test settings without weight decay (which moves parameters even without a gradient).
+fn with(kinds: &[Correction], geo: (f64, f64)) -> Settings {
+    let mut s = settings();
+    s.optim.weight_decay = 0.0;
+    Settings {
+        correction: CorrectionSettings {
+            kinds: kinds.to_vec(),
+            geo_low: geo.0,
+            geo_high: geo.1,
+            ..Default::default()
+        },
+        ..s
+    }
+}
+
+fn params(t: &Trainer) -> Vec<tch::Tensor> {
+    t.model
+        .named_variables()
+        .into_iter()
+        .map(|(_, v)| v.copy())
+        .collect()
+}
+
+#[test]
+fn masks_hit_exactly_the_crafted_tokens_and_sequences_with_replay() {
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let mut batch = samples(&model);
+    // a: one token at ρ = 1/4, outside [0.5, 2]: the token mask takes it (a's geometric mean,
+    // exp(-ln 4 / 8) = 0.84, stays inside the [0.8, 1.2] band of this test).
+    shift(&mut batch[0], |j| if j == 3 { 4f32.ln() } else { 0.0 });
+    // c: every token at ρ = e^0.5 = 1.65, inside [0.5, 2], but a geometric mean of 1.65: the
+    // geometric mask drops the sequence.
+    shift(&mut batch[2], |_| -0.5);
+    let mut t = Trainer::new(model);
+    let s = with(
+        &[Correction::GeoMask, Correction::TokenMask, Correction::Tis],
+        (0.8, 1.2),
+    );
+    assert!(s.replay, "routing replay (R3) is on");
+    let m = t.step(&batch, Path::new("mem"), &s).unwrap();
+    assert_eq!(m.is_correction.as_deref(), Some("geo-mask,token-mask,tis"));
+    // 1 masked token in a + c's 8 tokens, of 32.
+    assert_eq!(m.is_masked_token_fraction, Some(9.0 / 32.0), "{m:?}");
+    assert_eq!(m.is_masked_sequence_fraction, Some(0.25));
+    assert_eq!(m.is_tis_capped_fraction, Some(0.0));
+    let (lo, hi) = (m.is_log_ratio_min.unwrap(), m.is_log_ratio_max.unwrap());
+    assert!(
+        (lo + 4f64.ln()).abs() < 1e-3 && (hi - 0.5).abs() < 1e-3,
+        "{lo} {hi}"
+    );
+    assert_eq!(m.routing_replay, Some(true));
+}
+
+/// The hook reaches the gradient: when the geometric mask drops every sequence, the step leaves
+/// every parameter as it was; the same batch without the correction moves them.
+#[test]
+fn a_batch_masked_whole_trains_nothing() {
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let mut batch = samples(&model);
+    for s in &mut batch {
+        shift(s, |_| -0.1);
+    }
+    let mut t = Trainer::new(model);
+    let before = params(&t);
+    let m = t
+        .step(
+            &batch,
+            Path::new("mem"),
+            &with(&[Correction::GeoMask], (0.99, 1.01)),
+        )
+        .unwrap();
+    assert_eq!(m.is_masked_sequence_fraction, Some(1.0));
+    let moved = |t: &Trainer| before.iter().zip(params(t)).any(|(a, b)| !a.equal(&b));
+    assert!(!moved(&t), "a fully masked batch changed parameters");
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let mut t = Trainer::new(model);
+    let m = t
+        .step(&batch, Path::new("mem"), &with(&[], (0.99, 1.01)))
+        .unwrap();
+    assert_eq!(m.is_masked_token_fraction, None, "no correction, no is_* metrics");
+    assert!(moved(&t), "the uncorrected step trains");
+}
