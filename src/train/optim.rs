@@ -161,7 +161,7 @@ impl AdamW {
             let Some(g) = g else { continue };
             let mut g = g.to_kind(Kind::Float);
             if let Some(scale) = scale {
-                g = g * scale;
+                g *= scale;
             }
             let m = self.exp_avg.entry(name.clone()).or_insert_with(|| g.zeros_like());
             let v = self
