@@ -15,7 +15,7 @@ use futures::StreamExt;
 use lego_rl::records::{Grader, Task, Termination};
 use lego_rl::sandbox::{Engine, Trial, TrialLimits, TrialResult};
 
-use crate::adversarial_cases::{cases, Case, Scores, HARBOR, KINDS, SWE};
+use crate::adversarial_cases::{cases, Case, Scores, HARBOR, HARBOR_CODE, KINDS, SWE};
 use crate::sandbox::{assert_no_leftovers, engine, images, rt, run_id, task, task_root};
 
 /// Runs `c` once, guarded or (`unguarded`) with its defences off.
@@ -178,7 +178,7 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
     let rt = rt();
     let Some(engine) = engine(&rt) else { return };
     images();
-    let (swe, harbor) = (task(SWE), task(HARBOR));
+    let (swe, harbor, harbor_code) = (task(SWE), task(HARBOR), task(HARBOR_CODE));
     let run = run_id("adversarial");
     // LEGO_RL_ADVERSARIAL_ONLY=NAME,... runs only those cases (for debugging one trick).
     let only = std::env::var("LEGO_RL_ADVERSARIAL_ONLY").unwrap_or_default();
@@ -196,7 +196,11 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
         futures::stream::iter(runs.iter().copied())
             .map(|(i, unguarded)| {
                 let c = &all[i];
-                let t = if c.task == SWE { &swe } else { &harbor };
+                let t = match c.task {
+                    SWE => &swe,
+                    HARBOR => &harbor,
+                    _ => &harbor_code,
+                };
                 let (engine, run) = (&engine, &run);
                 async move { (i, unguarded, run_case(engine, t, run, c, unguarded).await) }
             })
