@@ -244,6 +244,10 @@ impl Prepared {
 
 /// First half of the generation path: thread, prompt (faithful or rendered), context check.
 /// Runs before a streaming response starts, so a prompt that cannot be served gets a plain 400.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request's parts, as the API layers parsed them, plus its announced retry"
+)]
 pub(crate) fn prepare(
     state: &State,
     trial: &Arc<Trial>,
