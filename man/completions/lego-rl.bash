@@ -49,6 +49,9 @@ _lego__rl() {
             lego__rl,validate)
                 cmd="lego__rl__subcmd__validate"
                 ;;
+            lego__rl__subcmd__gpu__subcmd__probe,cat)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__cat"
+                ;;
             lego__rl__subcmd__gpu__subcmd__probe,decode)
                 cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__decode"
                 ;;
@@ -57,6 +60,9 @@ _lego__rl() {
                 ;;
             lego__rl__subcmd__gpu__subcmd__probe,samples)
                 cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__samples"
+                ;;
+            lego__rl__subcmd__gpu__subcmd__probe__subcmd__help,cat)
+                cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__cat"
                 ;;
             lego__rl__subcmd__gpu__subcmd__probe__subcmd__help,decode)
                 cmd="lego__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__decode"
@@ -99,6 +105,9 @@ _lego__rl() {
                 ;;
             lego__rl__subcmd__help,validate)
                 cmd="lego__rl__subcmd__help__subcmd__validate"
+                ;;
+            lego__rl__subcmd__help__subcmd__gpu__subcmd__probe,cat)
+                cmd="lego__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__cat"
                 ;;
             lego__rl__subcmd__help__subcmd__gpu__subcmd__probe,decode)
                 cmd="lego__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__decode"
@@ -389,8 +398,46 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__gpu__subcmd__probe)
-            opts="-v -q -h -V --checkpoint --device --sequences --prompt-tokens --new-tokens --seed --verbose --quiet --no-progress --strict --help --version samples decode help"
+            opts="-v -q -h -V --checkpoint --device --sequences --prompt-tokens --new-tokens --seed --verbose --quiet --no-progress --strict --help --version samples decode cat help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --checkpoint)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequences)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --new-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__cat)
+            opts="-v -q -h -V --checkpoint --device --sequences --prompt-tokens --new-tokens --seed --verbose --quiet --no-progress --strict --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -465,8 +512,22 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__help)
-            opts="samples decode help"
+            opts="samples decode cat help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__gpu__subcmd__probe__subcmd__help__subcmd__cat)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -651,8 +712,22 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__help__subcmd__gpu__subcmd__probe)
-            opts="samples decode"
+            opts="samples decode cat"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lego__subcmd__rl__subcmd__help__subcmd__gpu__subcmd__probe__subcmd__cat)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

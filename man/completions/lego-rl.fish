@@ -239,21 +239,22 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -l no-pro
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s h -l help -d 'Print help'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand generate-docs" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l sequences -d 'Sequences generated at once' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l prompt-tokens -d 'Random prompt tokens per sequence' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l new-tokens -d 'Tokens generated per sequence' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l seed -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s q -l quiet -d 'Only errors on stderr'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s h -l help -d 'Print help'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l sequences -d 'Sequences generated at once' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l prompt-tokens -d 'Random prompt tokens per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l new-tokens -d 'Tokens generated per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l seed -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -s q -l quiet -d 'Only errors on stderr'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -s h -l help -d 'Print help'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -s V -l version -d 'Print version'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -f -a "cat" -d 'Prints a JSONL file\'s lines, zstd or plain (the GPU machine\'s Python has no zstandard)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and not __fish_seen_subcommand_from samples decode cat help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -s o -l output -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from samples" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
@@ -279,8 +280,21 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_se
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -s h -l help -d 'Print help'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from decode" -s V -l version -d 'Print version'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l checkpoint -d 'Checkpoint folder (config.json + safetensors) the embedded engine serves' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l device -d 'Device of the engine: cpu, cuda or cuda:N' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l sequences -d 'Sequences generated at once' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l prompt-tokens -d 'Random prompt tokens per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l new-tokens -d 'Tokens generated per sequence' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l seed -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -s q -l quiet -d 'Only errors on stderr'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -l strict -d 'Fail on the first bad input record instead of skipping and counting it'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -s h -l help -d 'Print help'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from cat" -s V -l version -d 'Print version'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "cat" -d 'Prints a JSONL file\'s lines, zstd or plain (the GPU machine\'s Python has no zstandard)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand gpu-probe; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "filter-tasks" -d 'Filter a task pool into a training set, reporting the funnel.'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "build-images" -d 'Build (or find cached) container images for tasks.'
@@ -295,3 +309,4 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_see
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and not __fish_seen_subcommand_from filter-tasks build-images rollout align train-step validate report env generate-docs gpu-probe help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and __fish_seen_subcommand_from gpu-probe" -f -a "samples" -d 'Samples (zstd JSONL) whose rollout log-probs and routing are the engine\'s captures'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and __fish_seen_subcommand_from gpu-probe" -f -a "decode" -d 'Decode throughput: prints `{"streams":N,"tokens_per_second":X}`'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand help; and __fish_seen_subcommand_from gpu-probe" -f -a "cat" -d 'Prints a JSONL file\'s lines, zstd or plain (the GPU machine\'s Python has no zstandard)'

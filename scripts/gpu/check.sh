@@ -81,9 +81,9 @@ export bin py helper out work device layers seqs prompt new streams micro model 
 
 # metric FILE KEY: one key of the last record of a metrics file (zstd JSONL: lego-rl reads it, as the
 # machine's Python has no zstandard).
-metric() { "$bin" gpu-probe cat "$1" | tail -1 | "$py" -c 'import json, sys; print(json.dumps(json.loads(sys.stdin.read()).get(sys.argv[1])))' "$2"; }
+metric() { "$bin" gpu-probe cat "$1" | grep -v "^\s*$" | tail -1 | "$py" -c 'import json, sys; print(json.dumps(json.loads(sys.stdin.read()).get(sys.argv[1])))' "$2"; }
 # last_record FILE: the last record of a metrics file as plain JSON into FILE.last.json.
-last_record() { "$bin" gpu-probe cat "$1" | tail -1 >"$1.last.json"; }
+last_record() { "$bin" gpu-probe cat "$1" | grep -v "^\s*$" | tail -1 >"$1.last.json"; }
 ckpt_of() { if [ "$mode" = gpu ]; then echo "$model"; else echo "$tiny"; fi; }
 
 s_env() {

@@ -93,7 +93,8 @@ def make_model(config, dst, layers, dtype, seed, device):
     cfg["torch_dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     g = torch.Generator(device=device).manual_seed(int(seed))
     h, v, d = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
-    nh, nkv, e, im = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_experts"], cfg["moe_intermediate_size"]
+    e = cfg.get("num_experts") or cfg.get("num_local_experts")
+    nh, nkv, im = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["moe_intermediate_size"]
 
     def rnd(*shape):
         return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).to(kind)
@@ -287,8 +288,11 @@ def flops_per_token(cfg, seq_len):
     h, d = cfg["hidden_size"], cfg["head_dim"]
     nh, nkv, layers = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]
     attn = h * nh * d * 2 + h * nkv * d * 2
-    moe = cfg["num_experts_per_tok"] * 3 * h * cfg["moe_intermediate_size"] + h * cfg["num_experts"]
-    active = layers * (attn + moe) + h * cfg["vocab_size"]
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    moe = cfg["num_experts_per_tok"] * 3 * h * cfg["moe_intermediate_size"] + h * experts
+    dense_layers = len(cfg.get("mlp_only_layers") or [])  # dense MLPs in place of MoE
+    dense = 3 * h * cfg.get("intermediate_size", 0)
+    active = layers * attn + (layers - dense_layers) * moe + dense_layers * dense + h * cfg["vocab_size"]
     return 6 * active + 6 * layers * seq_len * nh * d
 
 

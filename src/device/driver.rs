@@ -89,7 +89,7 @@ pub fn probe() -> Result<Driver, DriverError> {
         for i in 0..n {
             let mut dev: c_int = 0;
             check("cuDeviceGet", get(&mut dev, i))?;
-            let mut buf = [0 as c_char; 256];
+            let mut buf: [c_char; 256] = [0; 256];
             check("cuDeviceGetName", name(buf.as_mut_ptr(), buf.len() as c_int, dev))?;
             let mut bytes: usize = 0;
             check("cuDeviceTotalMem", total_mem(&mut bytes, dev))?;
