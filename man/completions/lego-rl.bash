@@ -838,7 +838,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__report)
-            opts="-o -v -q -h -V --output --max-trajectories --serve --bind --verbose --quiet --no-progress --strict --help --version"
+            opts="-o -v -q -h -V --output --max-trajectories --serve --bind --advisory --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -857,6 +857,10 @@ _lego__rl() {
                     return 0
                     ;;
                 --bind)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --advisory)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -219,6 +219,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -s V -l versio
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s o -l output -d 'Output directory for index.html and the CSV files (default RUN/report)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l max-trajectories -d 'Trajectories whose full detail the static page embeds' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l bind -d 'Address to serve on (port 0 picks a free port; the address is printed on stdout)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l advisory -d 'Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l serve -d 'Serve the live UI instead of writing files'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s q -l quiet -d 'Only errors on stderr'

@@ -367,7 +367,8 @@ mod tests {
 
     #[test]
     fn each_threshold_advisory_fires_on_the_step_that_crosses_it() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut StepRow)>)> = vec![
+        type Edit = Box<dyn Fn(&mut StepRow)>;
+        let cases: Vec<(&str, Edit)> = vec![
             (
                 "zero_variance_group_fraction",
                 Box::new(|r| r.zero_variance_groups = 1),
