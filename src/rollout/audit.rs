@@ -21,6 +21,36 @@ const OWN_PREFIXES: &[&str] = &[
     "/opt/lego-agent",
 ];
 
+/// The Filesystem Hierarchy Standard's top-level directories (plus common container ones).
+const TOP_LEVEL: &[&str] = &[
+    "bin",
+    "boot",
+    "dev",
+    "etc",
+    "home",
+    "lib",
+    "lib32",
+    "lib64",
+    "libx32",
+    "media",
+    "mnt",
+    "opt",
+    "proc",
+    "root",
+    "run",
+    "sbin",
+    "srv",
+    "sys",
+    "usr",
+    "var",
+    "snap",
+    "nix",
+    "app",
+    "workspace",
+    "data",
+    "testbed",
+];
+
 /// Audit events from the commands the agent ran (tool-call arguments of its generations):
 /// `git_history` for commands touching `.git` or git history, `outside_read` for absolute paths
 /// outside the repository, home, /tmp and system directories.
@@ -95,6 +125,13 @@ pub fn audit_command(cmd: &str, workdir: &str) -> Vec<(&'static str, String)> {
         if !word.starts_with('/') || word.len() < 2 {
             continue;
         }
+        // A single component is a path only when it names a standard top-level directory
+        // (`ls /root`); otherwise it is a piece of an expression, like the `/number` of
+        // `sed 's/number % 10 in (11, 12, 13)/number % 100 .../'` split at its parentheses.
+        let first = word[1..].split('/').next().unwrap_or("");
+        if !word[1..].trim_end_matches('/').contains('/') && !TOP_LEVEL.contains(&first) {
+            continue;
+        }
         let inside = word == workdir
             || word.starts_with(&format!("{}/", workdir.trim_end_matches('/')))
             || word.starts_with(&home)
@@ -122,5 +159,12 @@ mod tests {
         assert_eq!(kinds("cat /etc/passwd"), ["outside_read"]);
         assert_eq!(kinds("ls /root/.ssh"), ["outside_read"]);
         assert!(kinds("sed -i 's/a/b/' x.py").is_empty());
+        // The demo's scripted fix: `/number` is a piece of the sed expression, not a path.
+        assert!(kinds(
+            "sed -i 's/number % 10 in (11, 12, 13)/number % 100 in (11, 12, 13)/' inflection/__init__.py"
+        )
+        .is_empty());
+        assert_eq!(kinds("ls /root"), ["outside_read"]);
+        assert_eq!(kinds("cat /app/secret"), ["outside_read"]);
     }
 }
