@@ -180,6 +180,14 @@ async fn build_logged(
     if let Some(id) = engine.image_id(tag).await? {
         return Ok((id, true, log_path));
     }
+    // Two build-images processes on one Docker host (two test fixtures, two Slurm steps) may both
+    // miss a tag and build it; each build gives a new image id, the tag ends on the last one,
+    // and every task layer hashed over the first id changes its tag. A lock per tag on the host
+    // makes the second wait and then find the first one's image.
+    let _lock = lock_tag(tag).await?;
+    if let Some(id) = engine.image_id(tag).await? {
+        return Ok((id, true, log_path));
+    }
     let mut log = std::fs::File::create(&log_path).map_err(|source| SandboxError::ReadFile {
         path: log_path.clone(),
         source,
@@ -187,6 +195,30 @@ async fn build_logged(
     let labels = HashMap::from([(LABEL_RUN.to_string(), run_id.to_string())]);
     let id = engine.build_image(tag, context, labels, &mut log).await?;
     Ok((id, false, log_path))
+}
+
+/// Takes this host's lock of `tag` (a file under the temporary directory, `flock`ed; released
+/// when the returned file closes, also when the process dies).
+async fn lock_tag(tag: &str) -> Result<std::fs::File, SandboxError> {
+    let dir = std::env::temp_dir().join("lego-rl-image-locks");
+    let path = dir.join(format!("{}.lock", slug(&tag.replace([':', '/'], "_"))));
+    let p = path.clone();
+    let locked = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+        std::fs::create_dir_all(&dir)?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)?;
+        crate::io::lock_exclusive(&f, true)?;
+        Ok(f)
+    })
+    .await
+    .map_err(|e| SandboxError::ReadFile {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    locked.map_err(|source| SandboxError::ReadFile { path, source })
 }
 
 /// An environment layer's build: (image id, cache hit, log, seconds) or the error text.
