@@ -410,11 +410,13 @@ fn gates_hold_from_inside_a_trial() {
     });
     let (token, captured) = proxy.register_trial("gates");
     let url = relay::proxy_url(&token);
+    // The second request (`ask2`, argument 2) says "hi2": a body equal to the thread's last one is
+    // a client retry, answered from the first generation without a new capture (proxy/flight.rs).
     let ask = format!(
         r#"python3 - <<'EOF'
 import json, sys, urllib.request
 req = urllib.request.Request("{url}/v1/chat/completions", method="POST",
-    data=json.dumps({{"model": "policy", "max_tokens": 3, "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
+    data=json.dumps({{"model": "policy", "max_tokens": 3, "messages": [{{"role": "user", "content": "hi" + "".join(sys.argv[1:])}}]}}).encode(),
     headers={{"content-type": "application/json"}})
 try:
     r = urllib.request.urlopen(req, timeout=60)
