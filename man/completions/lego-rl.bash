@@ -838,7 +838,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__report)
-            opts="-o -v -q -h -V --output --max-trajectories --serve --bind --advisory --verbose --quiet --no-progress --strict --help --version"
+            opts="-o -v -q -h -V --output --max-trajectories --serve --bind --advisory --assistant --assistant-model --assistant-api-key-env --assistant-chat-model --assistant-context --assistant-max-tokens --conversations --summarize --summarize-jobs --summarize-tokens --summarize-retries --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -861,6 +861,46 @@ _lego__rl() {
                     return 0
                     ;;
                 --advisory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --assistant)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --assistant-model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --assistant-api-key-env)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --assistant-chat-model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --assistant-context)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --assistant-max-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --conversations)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --summarize-jobs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --summarize-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --summarize-retries)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -220,7 +220,18 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s o -l output -
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l max-trajectories -d 'Trajectories whose full detail the static page embeds' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l bind -d 'Address to serve on (port 0 picks a free port; the address is printed on stdout)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l advisory -d 'Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant -d 'The diagnostic assistant: an OpenAI-compatible base URL (http://host:8000/v1) or embedded:CKPT_DIR (served in-process on CPU)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-model -d 'Model name sent to an assistant URL' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-api-key-env -d 'Environment variable holding the assistant URL\'s API key (sent as a bearer token)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-chat-model -d 'Model directory with tokenizer.json (and chat template): counts prompt tokens exactly (default for embedded: the checkpoint; a URL without it gets 3 characters per token)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-context -d 'The assistant\'s context window in tokens (default: the embedded model\'s, else 32768)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-max-tokens -d 'Most tokens of one answer' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l conversations -d 'Where the live UI saves conversations (JSONL, appended; default RUN/report/conversations.jsonl)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize-jobs -d 'Requests in flight at once while summarizing' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize-tokens -d 'Most prompt tokens per summarized trial' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize-retries -d 'Retries of a failed request before the trial\'s cause is recorded as unknown' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l serve -d 'Serve the live UI instead of writing files'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize -d 'Ask the assistant for the cause of every failed or infra-failed trial; write OUT/diagnosis.md and OUT/diagnosis.csv'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

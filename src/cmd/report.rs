@@ -1,15 +1,23 @@
 //! `lego-rl report`: CSV tables, a self-contained HTML report, and a live trajectory UI.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
 use crate::cli::GlobalArgs;
+use crate::io::{ReadOptions, TornTail};
 use crate::report::advisories::Thresholds;
+use crate::report::assist::ask::Assist;
+use crate::report::assist::summarize::{summarize, SummarizeSettings};
+use crate::report::assist::{Assistant, AssistantSettings, AssistantSpec, API_KEY_ENV};
+use crate::report::serve::LiveOptions;
 use crate::report::{serve, write_static, StaticSettings};
+use crate::validate::run::RunFiles;
 
 /// Default address of the live UI (loopback only: the page shows prompts and code).
 pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
@@ -42,10 +50,22 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   logprob_pearson_decline >= 0.002 (below the best of the 3 previous steps; from 3 steps on)
 /// `audit:KIND=VALUE` sets one audit kind's threshold.
 ///
+/// A diagnostic assistant (`--assistant`: an OpenAI-compatible URL, or embedded:CKPT served
+/// in-process) adds an Ask box to every trajectory of the live UI: a question about the
+/// trajectory (default: why did it fail or succeed, and what did the agent do first that
+/// mattered?) answered, streaming, from a prompt built from its record within the assistant's
+/// context (the page shows the exact prompt and what it left out); conversations can be saved
+/// to `--conversations`. `--summarize` (static mode) asks for a one-line cause of every failed or
+/// infra-failed trial and groups them into OUT/diagnosis.md and OUT/diagnosis.csv. Nothing is
+/// sent anywhere without `--assistant`. The API key, if the endpoint needs one, is read from
+/// the environment variable named by `--assistant-api-key-env`.
+///
 /// Example:
 ///   lego-rl report run/ -o run/report/
 ///   lego-rl report run/ -o run/report/ --advisory truncated_fraction=0.1 --advisory audit=off
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
+///   lego-rl report run/ --serve --assistant http://127.0.0.1:8000/v1 --assistant-model Qwen/Qwen3-32B
+///   lego-rl report run/ -o run/report/ --summarize --assistant embedded:run/checkpoints/step-000004
 #[derive(Args, Debug)]
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
@@ -67,6 +87,55 @@ pub struct ReportArgs {
     /// Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above).
     #[arg(long = "advisory", value_name = "NAME=VALUE")]
     pub advisories: Vec<String>,
+    /// The diagnostic assistant: an OpenAI-compatible base URL (http://host:8000/v1) or
+    /// embedded:CKPT_DIR (served in-process on CPU).
+    #[arg(long, value_name = "URL|embedded:CKPT")]
+    pub assistant: Option<AssistantSpec>,
+    /// Model name sent to an assistant URL.
+    #[arg(long, requires = "assistant")]
+    pub assistant_model: Option<String>,
+    /// Environment variable holding the assistant URL's API key (sent as a bearer token).
+    #[arg(long, default_value = API_KEY_ENV, value_name = "VAR")]
+    pub assistant_api_key_env: String,
+    /// Model directory with tokenizer.json (and chat template): counts prompt tokens exactly
+    /// (default for embedded: the checkpoint; a URL without it gets 3 characters per token).
+    #[arg(long, value_name = "DIR", requires = "assistant")]
+    pub assistant_chat_model: Option<PathBuf>,
+    /// The assistant's context window in tokens (default: the embedded model's, else 32768).
+    #[arg(long, value_name = "TOKENS", requires = "assistant")]
+    pub assistant_context: Option<usize>,
+    /// Most tokens of one answer.
+    #[arg(long, default_value_t = 512, value_name = "TOKENS")]
+    pub assistant_max_tokens: u32,
+    /// Where the live UI saves conversations (JSONL, appended; default RUN/report/conversations.jsonl).
+    #[arg(long, value_name = "FILE", requires = "serve")]
+    pub conversations: Option<PathBuf>,
+    /// Ask the assistant for the cause of every failed or infra-failed trial; write
+    /// OUT/diagnosis.md and OUT/diagnosis.csv.
+    #[arg(long, requires = "assistant", conflicts_with = "serve")]
+    pub summarize: bool,
+    /// Requests in flight at once while summarizing.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub summarize_jobs: usize,
+    /// Most prompt tokens per summarized trial.
+    #[arg(long, default_value_t = 4096, value_name = "TOKENS")]
+    pub summarize_tokens: usize,
+    /// Retries of a failed request before the trial's cause is recorded as unknown.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub summarize_retries: u32,
+}
+
+impl ReportArgs {
+    fn assistant_settings(&self) -> Option<AssistantSettings> {
+        Some(AssistantSettings {
+            spec: self.assistant.clone()?,
+            model: self.assistant_model.clone(),
+            api_key_env: self.assistant_api_key_env.clone(),
+            chat_model: self.assistant_chat_model.clone(),
+            context: self.assistant_context,
+            max_tokens: self.assistant_max_tokens,
+        })
+    }
 }
 
 /// Runs `report`.
@@ -77,25 +146,72 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     let thresholds = Thresholds::default()
         .with_overrides(&args.advisories)
         .map_err(anyhow::Error::msg)?;
+    if args.assistant_max_tokens == 0 || args.summarize_jobs == 0 {
+        anyhow::bail!("--assistant-max-tokens and --summarize-jobs must be at least 1");
+    }
+    if args.assistant.is_some() && !args.serve && !args.summarize {
+        anyhow::bail!("--assistant is used by --serve (the Ask box) or --summarize; give one of them");
+    }
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let assistant = match args.assistant_settings() {
+        Some(s) => Some(Arc::new(rt.block_on(Assistant::start(&s))?)),
+        None => None,
+    };
     if args.serve {
-        let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-        rt.block_on(serve::serve(&args.run, &args.bind, thresholds, |addr| {
+        let live = LiveOptions {
+            assist: assistant.map(|assistant| Assist {
+                assistant,
+                conversations: args
+                    .conversations
+                    .clone()
+                    .unwrap_or_else(|| args.run.join("report/conversations.jsonl")),
+            }),
+        };
+        rt.block_on(serve::serve(&args.run, &args.bind, thresholds, live, |addr| {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "serving {} on http://{addr}/", args.run.display());
             let _ = out.flush();
         }))?;
         return Ok(Outcome::Ok);
     }
+    let output = args.output.clone().unwrap_or_else(|| args.run.join("report"));
+    let mut files = Vec::new();
+    let mut embed = HashSet::new();
+    if let (true, Some(assistant)) = (args.summarize, assistant) {
+        let run_files = RunFiles::discover(&args.run, false)?;
+        let opts = ReadOptions {
+            strict: global.strict,
+            torn_tail: TornTail::Error,
+        };
+        let s = SummarizeSettings {
+            concurrency: args.summarize_jobs,
+            max_prompt_tokens: args.summarize_tokens,
+            retries: args.summarize_retries,
+            progress: crate::ui::progress_enabled(global),
+        };
+        let d = rt.block_on(summarize(&run_files, opts, assistant, &s, &output))?;
+        let unknown = d.causes.iter().filter(|c| !c.answered).count();
+        if unknown > 0 {
+            tracing::warn!(
+                "{unknown} of {} trials have no cause: their requests failed",
+                d.causes.len()
+            );
+        }
+        files.extend(d.files);
+        embed.extend(d.examples);
+    }
     let settings = StaticSettings {
-        output: args.output.clone().unwrap_or_else(|| args.run.join("report")),
+        output,
         run: args.run,
         max_trajectories: args.max_trajectories,
         strict: global.strict,
         advisories: thresholds,
+        embed,
     };
     let w = write_static(&settings)?;
+    files.extend(w.files);
     let mut out = std::io::stdout().lock();
-    for f in &w.files {
+    for f in &files {
         writeln!(out, "{}", f.display())?;
     }
     tracing::info!(

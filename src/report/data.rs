@@ -123,6 +123,10 @@ pub struct ReportData {
     pub details: BTreeMap<String, TrajDetail>,
     /// Run-health advisories over `steps` (filled by the caller, which knows the thresholds).
     pub advisories: Vec<super::advisories::Advisory>,
+    /// The live UI's diagnostic assistant, when `--assistant` is given (the page shows the Ask
+    /// box only then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assistant: Option<super::assist::ask::AssistantInfo>,
 }
 
 #[derive(Default)]
@@ -263,6 +267,17 @@ pub fn build(
     opts: ReadOptions,
     max_details: Option<usize>,
 ) -> Result<ReportData, RunError> {
+    build_embedding(files, opts, max_details, &HashSet::new())
+}
+
+/// [`build`], embedding the details of the trajectories in `also` beyond `max_details` (static
+/// mode; e.g. the examples `diagnosis.md` links to).
+pub fn build_embedding(
+    files: &RunFiles,
+    opts: ReadOptions,
+    max_details: Option<usize>,
+    also: &HashSet<String>,
+) -> Result<ReportData, RunError> {
     let per_file = max_details.map(|m| m.div_ceil(files.trajectories.len().max(1)));
     let mut taken: HashMap<std::path::PathBuf, usize> = HashMap::new();
     let mut steps: BTreeMap<u64, (Acc, StepRow)> = BTreeMap::new();
@@ -315,8 +330,11 @@ pub fn build(
             None => data.trajectories.push(s),
             Some(cap) => {
                 let n = taken.entry(path.to_path_buf()).or_default();
-                if *n < cap && data.details.len() < max_details.unwrap_or(0) {
-                    *n += 1;
+                let wanted = also.contains(&s.id);
+                if wanted || (*n < cap && data.details.len() < max_details.unwrap_or(0)) {
+                    if !wanted {
+                        *n += 1;
+                    }
                     data.trajectories.push(s);
                     let d = detail(step, t);
                     data.details.insert(d.summary.id.clone(), d);

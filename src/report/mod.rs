@@ -3,6 +3,7 @@
 //! follows a run's growing files.
 
 pub mod advisories;
+pub mod assist;
 pub mod behaviour;
 pub mod data;
 pub mod html;
@@ -39,6 +40,8 @@ pub enum ReportError {
     },
     #[error("server failed: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("assistant: {0}")]
+    Assist(String),
 }
 
 /// Settings of a static report.
@@ -51,6 +54,8 @@ pub struct StaticSettings {
     pub strict: bool,
     /// Run-health advisory thresholds (`advisories.json`, the page's "Health" section).
     pub advisories: advisories::Thresholds,
+    /// Trajectories embedded in detail beyond `max_trajectories` (`diagnosis.md`'s examples).
+    pub embed: std::collections::HashSet<String>,
 }
 
 /// What a static report wrote.
@@ -75,7 +80,7 @@ pub fn write_static(s: &StaticSettings) -> Result<Written, ReportError> {
         strict: s.strict,
         torn_tail: TornTail::Error,
     };
-    let mut d = data::build(&files, opts, Some(s.max_trajectories))?;
+    let mut d = data::build_embedding(&files, opts, Some(s.max_trajectories), &s.embed)?;
     d.advisories = advisories::advise(&d.steps, &s.advisories);
     std::fs::create_dir_all(&s.output).map_err(|source| ReportError::CreateDir {
         path: s.output.clone(),

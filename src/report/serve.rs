@@ -6,6 +6,11 @@
 //! - `GET /` the page (data embedded; it then polls)
 //! - `GET /api/summary` [`data::ReportData`] without details
 //! - `GET /api/trajectory?id=<id>` one trajectory's detail (404 when absent)
+//! - with `--assistant` only (404 otherwise: nothing is sent anywhere without one):
+//!   `GET /api/ask/prompt?id=<id>[&question=]` the exact prompt the assistant would get,
+//!   `POST /api/ask` `{id, question, history}` its answer as server-sent events (`delta`,
+//!   `reasoning`, `done`, `error`), `POST /api/conversations` `{id, prompt, turns}` appends a
+//!   conversation to the conversations file (see [`super::assist`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,10 +20,11 @@ use std::time::SystemTime;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 
 use super::advisories::{advise, Thresholds};
+use super::assist::ask;
 use super::data;
 use super::{html, ReportError};
 use crate::io::{ReadOptions, TornTail};
@@ -31,6 +37,14 @@ struct Served {
     run: PathBuf,
     thresholds: Thresholds,
     cache: Mutex<Option<(Signature, Arc<String>)>>,
+    assist: Option<ask::Assist>,
+}
+
+/// What the live UI serves beyond the run's files.
+#[derive(Default)]
+pub struct LiveOptions {
+    /// The diagnostic assistant and where its conversations are saved.
+    pub assist: Option<ask::Assist>,
 }
 
 const OPTS: ReadOptions = ReadOptions {
@@ -73,6 +87,7 @@ impl Served {
         }
         let mut d = data::build(&files, OPTS, None)?;
         d.advisories = advise(&d.steps, &self.thresholds);
+        d.assistant = self.assist.as_ref().map(ask::Assist::info);
         let json = Arc::new(html::script_json(&d)?);
         if let Ok(mut cache) = self.cache.lock() {
             *cache = Some((sig, json.clone()));
@@ -150,18 +165,73 @@ async fn trajectory(State(s): State<Arc<Served>>, Query(q): Query<IdQuery>) -> R
     }
 }
 
+fn not_found(msg: String) -> Response {
+    let body = serde_json::json!({ "error": { "message": msg } }).to_string();
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// One trajectory's detail for the assistant (404 without an assistant or the trajectory).
+async fn detail_for_ask(s: &Arc<Served>, id: &str) -> Result<(data::TrajDetail, ask::Assist), Response> {
+    let Some(assist) = s.assist.clone() else {
+        return Err(not_found(
+            "no assistant configured (start report --serve with --assistant)".into(),
+        ));
+    };
+    let run = s.run.clone();
+    let id2 = id.to_string();
+    let d = blocking(move || {
+        let files = RunFiles::discover(&run, true)?;
+        Ok(data::find_detail(&files, OPTS, &id2)?)
+    })
+    .await?;
+    match d {
+        Some(d) => Ok((d, assist)),
+        None => Err(not_found(format!("no trajectory `{id}`"))),
+    }
+}
+
+async fn ask_prompt(State(s): State<Arc<Served>>, Query(q): Query<ask::PromptQuery>) -> Response {
+    match detail_for_ask(&s, &q.id).await {
+        Ok((d, assist)) => assist.prompt_response(&d, q.question.as_deref()),
+        Err(r) => r,
+    }
+}
+
+async fn ask_stream(State(s): State<Arc<Served>>, axum::Json(q): axum::Json<ask::AskRequest>) -> Response {
+    match detail_for_ask(&s, &q.id).await {
+        Ok((d, assist)) => assist.answer(d, q).await,
+        Err(r) => r,
+    }
+}
+
+async fn save_conversation(State(s): State<Arc<Served>>, body: axum::body::Bytes) -> Response {
+    match &s.assist {
+        Some(a) => a.save(&body),
+        None => not_found("no assistant configured (start report --serve with --assistant)".into()),
+    }
+}
+
 /// The router of the live UI for `run`, with run-health advisories under `thresholds`.
-pub fn router(run: &Path, thresholds: Thresholds) -> Router {
+pub fn router(run: &Path, thresholds: Thresholds, live: LiveOptions) -> Router {
     let state = Arc::new(Served {
         run: run.to_path_buf(),
         thresholds,
         cache: Mutex::new(None),
+        assist: live.assist,
     });
     Router::new()
         .route("/", get(index))
         .route("/index.html", get(index))
         .route("/api/summary", get(summary))
         .route("/api/trajectory", get(trajectory))
+        .route("/api/ask/prompt", get(ask_prompt))
+        .route("/api/ask", post(ask_stream))
+        .route("/api/conversations", post(save_conversation))
         .with_state(state)
 }
 
@@ -171,6 +241,7 @@ pub async fn serve(
     run: &Path,
     bind: &str,
     thresholds: Thresholds,
+    live: LiveOptions,
     on_listen: impl FnOnce(SocketAddr),
 ) -> Result<(), ReportError> {
     let listener = tokio::net::TcpListener::bind(bind)
@@ -181,7 +252,7 @@ pub async fn serve(
         })?;
     let addr = listener.local_addr().map_err(ReportError::Serve)?;
     on_listen(addr);
-    axum::serve(listener, router(run, thresholds))
+    axum::serve(listener, router(run, thresholds, live))
         .await
         .map_err(ReportError::Serve)
 }

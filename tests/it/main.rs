@@ -5,6 +5,7 @@ mod adversarial_cases;
 mod adversarial_rollout;
 mod align;
 mod align_traffic;
+mod assist;
 mod chat;
 mod cli;
 mod common;

@@ -157,6 +157,78 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
         serde_json::from_slice(&std::fs::read(run.join("report/advisories.json")).expect("advisories.json"))
             .unwrap();
     assert_eq!(adv["advisories"], serde_json::json!([]), "{adv:#}");
+    summarize_the_demo_run(&run);
+}
+
+/// `report --summarize` on the demo run with the embedded assistant (the tiny policy: its causes
+/// are noise, the path is real): every failed trial is visited once, and every example link of
+/// diagnosis.md opens a trajectory embedded in the page.
+fn summarize_the_demo_run(run: &Path) {
+    let mut failed: Vec<String> = (0..2)
+        .flat_map(|step| read::<Trajectory>(&run.join(format!("trajectories/step-{step:06}.jsonl.zst"))))
+        .filter(|t| t.is_infra_failure() || t.reward.is_none_or(|r| r < 0.5))
+        .map(|t| t.id)
+        .collect();
+    failed.sort();
+    let out = run.join("report");
+    let o = lego()
+        .arg("report")
+        .arg(run)
+        .arg("-o")
+        .arg(&out)
+        .args(["--summarize", "--assistant-max-tokens", "16"])
+        .arg(format!(
+            "--assistant=embedded:{}",
+            crate::model::tiny_moe().display()
+        ))
+        .arg(format!(
+            "--assistant-chat-model={}",
+            crate::rollout::chat_dir().display()
+        ))
+        .output()
+        .expect("report runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut rows = csv::Reader::from_path(out.join("diagnosis.csv")).expect("diagnosis.csv");
+    let rows: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    let mut ids: Vec<String> = rows.iter().map(|r| r[0].to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, failed, "every failed trial exactly once");
+    assert!(
+        rows.iter().all(|r| &r[6] == "true"),
+        "every request answered: {rows:?}"
+    );
+    let md = std::fs::read_to_string(out.join("diagnosis.md")).expect("diagnosis.md");
+    let html = std::fs::read_to_string(out.join("index.html")).expect("index.html");
+    let links: Vec<&str> = md
+        .split("](index.html#traj=")
+        .skip(1)
+        .map(|l| &l[..l.find(')').unwrap()])
+        .collect();
+    assert!(!links.is_empty(), "{md}");
+    for l in links {
+        let id = percent_decode(l);
+        assert!(failed.contains(&id), "{id} is a failed trial");
+        assert!(
+            html.contains(&format!("\"{id}\":{{")),
+            "{id} is embedded in the page"
+        );
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
 }
 
 /// Also the issue-27 pipeline on the paper's model family: `rollout --forced` through the proxy

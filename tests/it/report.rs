@@ -13,7 +13,7 @@ use crate::common::lego;
 use crate::synth::{trajectory, write_run, Synth};
 
 /// The Chromium binary; missing is a failure in CI and a skip (with a message) elsewhere.
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     for name in ["chromium", "chromium-browser", "google-chrome"] {
         if let Ok(out) = Command::new("which").arg(name).output() {
             if out.status.success() {
@@ -30,6 +30,12 @@ fn chromium() -> Option<PathBuf> {
 }
 
 fn headless(bin: &Path, profile: &Path) -> Command {
+    headless_for(bin, profile, 5000)
+}
+
+/// Headless Chromium whose page runs `budget_ms` of virtual time (time that fast-forwards
+/// while the page waits on nothing but timers) before the command acts.
+fn headless_for(bin: &Path, profile: &Path, budget_ms: u32) -> Command {
     let mut c = Command::new(bin);
     c.args([
         "--headless",
@@ -38,14 +44,19 @@ fn headless(bin: &Path, profile: &Path) -> Command {
         "--disable-background-networking",
         "--no-first-run",
         "--disable-dev-shm-usage",
-        "--virtual-time-budget=5000",
     ])
+    .arg(format!("--virtual-time-budget={budget_ms}"))
     .arg(format!("--user-data-dir={}", profile.display()));
     c
 }
 
-fn dump_dom(bin: &Path, profile: &Path, url: &str) -> String {
-    let out = headless(bin, profile)
+pub(crate) fn dump_dom(bin: &Path, profile: &Path, url: &str) -> String {
+    dump_dom_for(bin, profile, url, 5000)
+}
+
+/// [`dump_dom`] after `budget_ms` of virtual time.
+pub(crate) fn dump_dom_for(bin: &Path, profile: &Path, url: &str, budget_ms: u32) -> String {
+    let out = headless_for(bin, profile, budget_ms)
         .arg("--dump-dom")
         .arg(url)
         .output()
@@ -72,7 +83,7 @@ fn tool_calls(dom: &str) -> usize {
         + dom.matches("class=\"tool-call failed\" data-name=").count()
 }
 
-fn enc(id: &str) -> String {
+pub(crate) fn enc(id: &str) -> String {
     id.replace('/', "%2F")
 }
 
@@ -308,7 +319,7 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     }
 }
 
-fn http_get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
@@ -325,7 +336,7 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
-struct Server(Child);
+pub(crate) struct Server(pub(crate) Child);
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
