@@ -8,9 +8,10 @@
 //! - `GET /api/trajectory?id=<id>` one trajectory's detail (404 when absent)
 //! - with `--assistant` only (404 otherwise: nothing is sent anywhere without one):
 //!   `GET /api/ask/prompt?id=<id>[&question=]` the exact prompt the assistant would get,
-//!   `POST /api/ask` `{id, question, history}` its answer as server-sent events (`delta`,
-//!   `reasoning`, `done`, `error`), `POST /api/conversations` `{id, prompt, turns}` appends a
-//!   conversation to the conversations file (see [`super::assist`]).
+//!   `POST /api/ask` `{id, question, history}` its answer as server-sent events (`prompt` with
+//!   the exact prompt, then `reasoning` / `delta` pieces, `finish`, any `error`, and `end`),
+//!   `POST /api/conversations` `{id, prompt, turns}` appends a conversation to the
+//!   conversations file (see [`super::assist`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

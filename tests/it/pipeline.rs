@@ -205,7 +205,7 @@ fn summarize_the_demo_run(run: &Path) {
         .map(|l| &l[..l.find(')').unwrap()])
         .collect();
     assert!(!links.is_empty(), "{md}");
-    for l in links {
+    for l in &links {
         let id = percent_decode(l);
         assert!(failed.contains(&id), "{id} is a failed trial");
         assert!(
@@ -213,6 +213,17 @@ fn summarize_the_demo_run(run: &Path) {
             "{id} is embedded in the page"
         );
     }
+    // And a link opens its trajectory in the browser.
+    let Some(chrome) = crate::report::chromium() else {
+        return;
+    };
+    let url = format!("file://{}#traj={}", out.join("index.html").display(), links[0]);
+    let dom = crate::report::dump_dom(&chrome, &run.join("chrome-profile"), &url);
+    let id = percent_decode(links[0]);
+    assert!(
+        dom.contains(&format!("id=\"detail-title\">Trajectory {id}")),
+        "diagnosis.md's first link opens {id}"
+    );
 }
 
 fn percent_decode(s: &str) -> String {
