@@ -134,12 +134,12 @@ pub struct RolloutArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Budget of the embedded engine's prefix cache: bytes of cached KV and routing (a plain
-    /// number, or with a suffix: 512MiB, 4GiB, 2G = 2e9); 0 turns the cache off. A prompt that
+    /// number, or with a suffix: 512MiB, 4GiB, 2G = 2GiB, 2GB = 2e9); 0 turns the cache off. A prompt that
     /// starts with a cached prefix (the conversation so far, a group's shared prompt) prefills only
     /// the rest; least recently used entries go first. A token costs 2 x layers x kv_heads x
     /// head_dim x dtype bytes (Qwen3-30B-A3B in bf16: 96 KiB, so 4 GiB holds ~44k tokens). With
     /// --follow the cache is dropped whenever new weights are loaded.
-    #[arg(long, default_value = "4GiB", value_parser = crate::engine::prefix_cache::parse_bytes)]
+    #[arg(long, default_value = "4GiB", value_parser = crate::units::parse_bytes_usize)]
     pub prefix_cache_bytes: usize,
 }
 

@@ -14,8 +14,9 @@ use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::model::{parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
 use crate::train::correction::{Correction, CorrectionSettings};
-use crate::train::plan::{self, parse_size, Plan, PlanSpec};
+use crate::train::plan::{self, Plan, PlanSpec};
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};
+use crate::units::parse_bytes;
 
 /// Update the policy with GSPO on aligned samples, replaying rollout routing.
 ///
@@ -198,9 +199,9 @@ pub struct TrainStepArgs {
     /// when it fits --device-memory (or that is not given), 1 when not.
     #[arg(long, help_heading = "Memory plan")]
     pub plan: bool,
-    /// Memory of one device (141GiB, 80GB, ...): the plan's fit; without --plan, a step that
+    /// Memory of one device (141GiB, 80GB = 8e10, 80G = 80GiB, ...): the plan's fit; without --plan, a step that
     /// would not fit stops before loading weights, with the plan in the error.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Memory plan")]
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes, help_heading = "Memory plan")]
     pub device_memory: Option<u64>,
     /// Ranks the plan is for; default: WORLD_SIZE, else SLURM_NTASKS, else --nproc-per-node, else 1.
     #[arg(long, value_name = "N", help_heading = "Memory plan")]

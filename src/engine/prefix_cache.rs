@@ -42,36 +42,6 @@ use crate::model::{tensor_bytes, KvCache, StateSnapshot};
 /// The default budget of `--prefix-cache-bytes` (4 GiB).
 pub const DEFAULT_BYTES: usize = 4 << 30;
 
-/// Parses a byte count: a plain number of bytes, or a number with a suffix, decimal (`K`, `M`,
-/// `G`, `T`, optionally with `B`) or binary (`KiB`, `MiB`, `GiB`, `TiB`): `4GiB`, `512MiB`, `2G`.
-pub fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "t" | "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024f64.powi(2),
-        "gib" => 1024f64.powi(3),
-        "tib" => 1024f64.powi(4),
-        other => {
-            return Err(format!(
-                "`{s}`: unknown unit `{other}` (use B, K, M, G, KiB, MiB, GiB)"
-            ))
-        }
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}`: expected a byte count like 4GiB, 512MiB or 0"))?;
-    Ok((n * scale).round() as usize)
-}
-
 /// What a lookup found: the KV (and, for hybrid models, the recurrent states) and routing of
 /// the first `len` positions of the request.
 pub struct Hit {

@@ -40,18 +40,6 @@ fn values(hit: &Hit) -> (Vec<f32>, Vec<i64>) {
 }
 
 #[test]
-fn byte_counts_parse_with_and_without_units() {
-    assert_eq!(parse_bytes("0"), Ok(0));
-    assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
-    assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
-    assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
-    assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
-    assert_eq!(parse_bytes("123"), Ok(123));
-    assert!(parse_bytes("lots").is_err());
-    assert!(parse_bytes("4 parsecs").unwrap_err().contains("unknown unit"));
-}
-
-#[test]
 fn the_longest_prefix_is_found_across_edges_and_inside_one() {
     let mut c = PrefixCache::new(1 << 20);
     let a: Vec<u32> = (0..10).collect();
