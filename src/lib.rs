@@ -22,6 +22,8 @@ pub mod report;
 pub mod rollout;
 pub mod sandbox;
 pub mod tasks;
+pub mod text;
 pub mod train;
 pub mod ui;
+pub mod units;
 pub mod validate;

@@ -7,6 +7,7 @@ use super::trial::AGENT_HOME;
 use super::Shared;
 use crate::chat::ToolCallIds;
 use crate::records::{AuditEvent, Generation};
+use crate::sandbox::RUNTIME_DIR;
 
 /// Paths a command may touch without being counted as reading outside the repository.
 const OWN_PREFIXES: &[&str] = &[
@@ -18,7 +19,7 @@ const OWN_PREFIXES: &[&str] = &[
     "/lib",
     "/etc/alternatives",
     "/proc/self/fd",
-    "/opt/lego-agent",
+    RUNTIME_DIR,
 ];
 
 /// The Filesystem Hierarchy Standard's top-level directories (plus common container ones).

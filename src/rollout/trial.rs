@@ -15,10 +15,9 @@ use crate::records::{
     Generation, Record, Task, Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS,
     HARNESS_SAMPLING, MALFORMED_TOOL_CALLS, REPLAYS, SAMPLING_OVERRIDES,
 };
-use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult};
+use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult, RUNTIME_DIR};
+use crate::text::{sh_quote, tail_bytes};
 
-/// Where the harness runtime is mounted in the container.
-pub const RUNTIME_DIR: &str = "/opt/lego-agent";
 /// The agent user's home directory in the base image.
 pub const AGENT_HOME: &str = "/home/agent";
 /// The model name harnesses are told to send.
@@ -40,10 +39,6 @@ pub fn infra_cause(t: &Trajectory) -> Option<&str> {
 /// Time the whole trial may take beyond its stage limits (container start, extract, cleanup)
 /// before the watchdog ends it as `infra:timeout`.
 const TRIAL_SLACK: Duration = Duration::from_secs(120);
-
-fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
 
 /// The shell script the sandbox runs as the agent user: the harness's environment, its command
 /// line, its standard input, in the repository.
@@ -148,6 +143,7 @@ pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
                 "timeout: the trial exceeded its budget of {}s",
                 budget.as_secs()
             )),
+            agent_exit_code: None,
             outputs: BTreeMap::new(),
         },
     };
@@ -171,15 +167,9 @@ fn trajectory(
         let file = launch.exit_status_file.as_ref()?;
         e.status_in(result.outputs.get(file)?)
     });
-    let exit_code = result
-        .stages
-        .get("agent")
-        .and_then(|s| s.outcome.strip_prefix("exit Some("))
-        .and_then(|s| s.strip_suffix(')'))
-        .and_then(|s| s.parse::<i64>().ok());
     let termination = classify(
         &result.termination,
-        exit_code,
+        result.agent_exit_code,
         &generations,
         &shared.harness.config,
         status.as_deref(),
@@ -214,7 +204,7 @@ fn trajectory(
     if malformed > 0 {
         metadata.insert(MALFORMED_TOOL_CALLS.into(), json!(malformed));
     }
-    if let Some(code) = exit_code {
+    if let Some(code) = result.agent_exit_code {
         metadata.insert("agent_exit_code".into(), json!(code));
     }
     if let Some(status) = &status {
@@ -228,7 +218,7 @@ fn trajectory(
         metadata.insert("prefix_cache".into(), cache);
     }
     if let Some(log) = &result.agent_log {
-        metadata.insert("agent_log_tail".into(), Value::String(tail(log, 4000)));
+        metadata.insert("agent_log_tail".into(), Value::String(tail_bytes(log, 4000)));
     }
     if let Some(cause) = &result.infra_cause {
         metadata.insert(INFRA_CAUSE.into(), json!(cause));
@@ -268,14 +258,6 @@ fn prefix_cache(generations: &[Generation]) -> Option<Value> {
         }
     }
     any.then(|| json!({"prompt_tokens": prompt, "cached_tokens": cached}))
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let mut i = s.len().saturating_sub(n);
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    s[i..].to_string()
 }
 
 #[cfg(test)]

@@ -50,6 +50,7 @@ use super::images::slug;
 use super::tar::TarBuilder;
 use super::{ContainerSpec, Engine, SandboxError, LABEL_RUN};
 use crate::harness::{Harness, Runtime};
+use crate::text::{sh_quote, tail_lines};
 
 /// Where agent runtimes are mounted inside trial containers (`{runtime}` in harness files).
 pub const RUNTIME_DIR: &str = "/opt/lego-agent";
@@ -562,11 +563,6 @@ fn parse_probe(s: &str) -> Option<Interpreter> {
     })
 }
 
-/// POSIX single-quoting.
-fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
 /// The offline install, run as root in the build container.
 fn install_script(rt: &Runtime) -> String {
     let reqs: Vec<String> = rt.pip.iter().map(|r| sh_quote(r)).collect();
@@ -656,11 +652,6 @@ fn missing_requirement(stderr: &str) -> Option<String> {
     (!req.is_empty()).then(|| req.to_string())
 }
 
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// Downloads (or finds cached) every wheel the runtime needs for `interp`; returns the directory.
 async fn download_wheels(
     rt: &Runtime,
@@ -730,7 +721,7 @@ async fn download_wheels(
                 "pip download for Python {} ({}) failed:\n{}",
                 interp.version,
                 plats[0],
-                tail(&stderr, 15)
+                tail_lines(&stderr, 15)
             ));
         };
         tracing::info!("{req}: no wheel on the index; building one from its sdist");
@@ -742,7 +733,7 @@ async fn download_wheels(
         pip(&python, &wargs, log).await.map_err(|e| {
             format!(
                 "building a wheel of `{req}` from its sdist failed:\n{}",
-                tail(&e, 15)
+                tail_lines(&e, 15)
             )
         })?;
         for w in wheel_names(&tmp).into_iter().filter(|w| !before.contains(w)) {

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::chat::ChatFormat;
 use crate::report::behaviour::{Thread, Turn};
 use crate::report::data::TrajDetail;
+pub use crate::text::cut_middle;
 
 /// The assistant's system message.
 pub const SYSTEM: &str = "You diagnose trajectories of a coding agent trained with reinforcement \
@@ -82,22 +83,6 @@ const MIN_CAPS: Caps = Caps {
     args: 200,
     output: 300,
 };
-
-/// `s` cut to at most `max` characters, keeping its head and tail; the flag says whether it was.
-pub fn cut_middle(s: &str, max: usize) -> (String, bool) {
-    let n = s.chars().count();
-    if n <= max {
-        return (s.to_string(), false);
-    }
-    let head = max * 2 / 3;
-    let tail = max - head;
-    let h: String = s.chars().take(head).collect();
-    let t: String = s.chars().skip(n - tail).collect();
-    (
-        format!("{h}\n[… {} characters cut …]\n{t}", n - head - tail),
-        true,
-    )
-}
 
 fn outcome(d: &TrajDetail) -> String {
     let s = &d.summary;
@@ -352,16 +337,6 @@ fn keep_turns(sizes: &[usize], room: usize) -> Box<dyn Fn(usize) -> bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cut_middle_keeps_head_and_tail() {
-        let s: String = (0..100).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
-        let (c, cut) = cut_middle(&s, 30);
-        assert!(cut);
-        assert!(c.starts_with(&s[..20]) && c.ends_with(&s[90..]), "{c}");
-        assert!(c.contains("70 characters cut"));
-        assert_eq!(cut_middle("short", 30), ("short".into(), false));
-    }
 
     fn long_detail(turns: usize) -> TrajDetail {
         use crate::report::behaviour::{Action, Behaviour, Call};

@@ -18,13 +18,14 @@ use std::time::Duration;
 
 use super::revert::Reverts;
 use super::stop::neutral_attributes_script;
-use super::{diff_files, sh_quote, tail, Defence, Trial};
+use super::{diff_files, Defence, Trial};
 use crate::grade;
 use crate::grade::hooks;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
 use crate::sandbox::{SandboxError, AGENT_USER};
+use crate::text::{sh_quote, tail_bytes};
 
 /// Exported before every command that runs code of the repository while grading: no implicit
 /// working directory on `sys.path` (`-m`, `-c`), no user site-packages.
@@ -60,7 +61,7 @@ fn sabotaged(kind: &str, apply: Option<String>, log: &str) -> ((f64, GraderResul
             GraderResult {
                 reason: Some(kind.into()),
                 apply,
-                log_tail: Some(tail(log, 4000)),
+                log_tail: Some(tail_bytes(log, 4000)),
                 ..Default::default()
             },
         ),
@@ -132,7 +133,7 @@ impl Trial {
             return Err(stage_error(format!(
                 "preparing the evaluation container: exit {:?}: {}",
                 out.exit_code,
-                tail(&out.stderr, 2000)
+                tail_bytes(&out.stderr, 2000)
             )));
         }
         let (plugins, names): (Vec<&str>, Vec<&str>) =
@@ -278,7 +279,7 @@ impl Trial {
                 "grading script exit {:?} (timed out: {}): {}",
                 out.exit_code,
                 out.timed_out,
-                tail(&(out.stdout + &out.stderr), 2000)
+                tail_bytes(&(out.stdout + &out.stderr), 2000)
             )));
         }
         let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
@@ -315,7 +316,7 @@ impl Trial {
             &self.task.pass_to_pass,
             exit_code,
         );
-        let mut log_tail = tail(&log, 4000);
+        let mut log_tail = tail_bytes(&log, 4000);
         if let Some(note) = &verdict.note {
             log_tail = format!("{note}\n{log_tail}");
         }
@@ -478,7 +479,7 @@ impl Trial {
                 exit_code,
                 apply,
                 log_path: None,
-                log_tail: Some(tail(&log, 4000)),
+                log_tail: Some(tail_bytes(&log, 4000)),
                 reason: None,
             },
         ))

@@ -61,6 +61,7 @@ use super::images::{slug, DEFAULT_WORKDIR};
 use super::relay;
 use super::{ContainerSpec, Engine, ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
 use crate::records::{AuditEvent, Grader, GraderResult, StageTiming, Task, Termination};
+use crate::text::{sh_quote, tail_bytes};
 
 /// Resource limits and stage time limits of one trial.
 #[derive(Debug, Clone)]
@@ -117,6 +118,9 @@ pub struct TrialResult {
     pub agent_log: Option<String>,
     /// Why an infra failure happened (`<stage>: <error>`); None otherwise.
     pub infra_cause: Option<String>,
+    /// The agent command's exit code when it exited non-zero (not when it timed out); the
+    /// `agent` stage's outcome says the same in words (`exit Some(N)`).
+    pub agent_exit_code: Option<i64>,
     /// Files the harness left (see [`Trial::with_outputs`]): path → contents, for those that
     /// existed and were readable after the agent stage.
     pub outputs: BTreeMap<String, String>,
@@ -132,19 +136,6 @@ fn now() -> f64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let start = s.len().saturating_sub(n);
-    let mut i = start;
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    s[i..].to_string()
 }
 
 /// Files a unified diff touches (`diff --git a/X b/Y` → X and Y).
@@ -460,6 +451,7 @@ impl Trial {
             diff: None,
             agent_log: None,
             infra_cause: None,
+            agent_exit_code: None,
             outputs: BTreeMap::new(),
         };
         let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
@@ -485,7 +477,10 @@ impl Trial {
                 Ok((outcome, out)) => {
                     let (stderr, count) = take_outlived(&out.stderr);
                     in_band = count;
-                    result.agent_log = Some(tail(&format!("{}{stderr}", out.stdout), 8000));
+                    if let AgentOutcome::Crash(code) = &outcome {
+                        result.agent_exit_code = *code;
+                    }
+                    result.agent_log = Some(tail_bytes(&format!("{}{stderr}", out.stdout), 8000));
                     match self.observe_agent().await {
                         observe::Aftermath::Alive => {}
                         // The agent's memory use took the container down (the OOM killer reached

@@ -5,8 +5,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::{interrupted, now, relay, sh_quote, tail, Trial};
+use super::{interrupted, now, relay, Trial};
 use crate::sandbox::{ContainerSpec, SandboxError, AGENT_USER};
+use crate::text::{sh_quote, tail_bytes};
 
 impl Trial {
     async fn setup_inner(&mut self) -> Result<(), SandboxError> {
@@ -65,7 +66,7 @@ impl Trial {
             if !out.ok() {
                 return Err(SandboxError::Stage {
                     stage: "setup",
-                    message: format!("proxy relay: {}", tail(&out.stderr, 2000)),
+                    message: format!("proxy relay: {}", tail_bytes(&out.stderr, 2000)),
                 });
             }
         }
@@ -97,7 +98,7 @@ impl Trial {
                     "exit {:?}{}: {}",
                     out.exit_code,
                     if out.timed_out { " (timed out)" } else { "" },
-                    tail(&out.stderr, 2000)
+                    tail_bytes(&out.stderr, 2000)
                 ),
             });
         }
@@ -133,7 +134,7 @@ impl Trial {
             if !out.ok() {
                 return Err(SandboxError::Stage {
                     stage: "setup",
-                    message: format!("writing agent files: {}", tail(&out.stderr, 2000)),
+                    message: format!("writing agent files: {}", tail_bytes(&out.stderr, 2000)),
                 });
             }
         }

@@ -28,10 +28,11 @@
 
 use std::collections::HashMap;
 
-use super::{now, sh_quote, tail, Defence, Trial};
+use super::{now, Defence, Trial};
 use crate::grade::integrity;
 use crate::records::AuditEvent;
 use crate::sandbox::{ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
+use crate::text::{sh_quote, tail_bytes};
 
 /// Where setup keeps the base commit, out of the agent user's reach.
 pub const BASE_GIT: &str = "/var/lib/lego-rl/base.git";
@@ -361,7 +362,7 @@ impl Trial {
         if !out.ok() {
             return Err(SandboxError::Stage {
                 stage: "extract",
-                message: tail(&out.stderr, 2000),
+                message: tail_bytes(&out.stderr, 2000),
             });
         }
         let (nested, too_large) = extract_marks(&out.stderr);

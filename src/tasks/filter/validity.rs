@@ -34,6 +34,7 @@ use crate::records::{AuditEvent, Grader, ImageRecord, Task};
 use crate::sandbox::tar::TarBuilder;
 use crate::sandbox::trial::install_signal_sweep;
 use crate::sandbox::{Engine, SandboxError, Trial, TrialLimits};
+use crate::text::tail_bytes;
 
 /// Settings of the validity stage.
 #[derive(Debug, Clone, PartialEq)]
@@ -344,7 +345,7 @@ async fn run_checked(trial: &mut Trial, mode: Mode, reference: &Reference) -> Re
                     json!({
                         "exit_code": out.exit_code,
                         "timed_out": out.timed_out,
-                        "output_tail": tail(&format!("{}{}", out.stdout, out.stderr), 2000),
+                        "output_tail": tail_bytes(&format!("{}{}", out.stdout, out.stderr), 2000),
                     }),
                 ));
             }
@@ -359,25 +360,18 @@ async fn run_checked(trial: &mut Trial, mode: Mode, reference: &Reference) -> Re
         tests: grader.tests,
         apply: grader.apply,
         audit: Vec::new(),
-        log_tail: grader.log_tail.map(|l| tail(&l, 2000)),
+        log_tail: grader.log_tail.map(|l| tail_bytes(&l, 2000)),
     })
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let mut i = s.len().saturating_sub(n);
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    s[i..].to_string()
 }
 
 /// A trial stage's failure as a reason: `<stage>_failed` for a stage the task controls (setup
 /// script, test patch, verifier), `sandbox_error` for the engine.
 fn stage_error(e: SandboxError) -> RunError {
     match &e {
-        SandboxError::Stage { stage, message } => {
-            (format!("{stage}_failed"), json!({"error": tail(message, 2000)}))
-        }
+        SandboxError::Stage { stage, message } => (
+            format!("{stage}_failed"),
+            json!({"error": tail_bytes(message, 2000)}),
+        ),
         _ => ("sandbox_error".into(), json!({"error": e.to_string()})),
     }
 }
