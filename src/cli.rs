@@ -34,7 +34,9 @@ pub struct GlobalArgs {
     /// Never draw progress bars (they are hidden anyway when stderr is not a terminal).
     #[arg(long, global = true)]
     pub no_progress: bool,
-    /// Fail on the first bad input record instead of skipping and counting it.
+    /// Fail on the first bad input record instead of skipping and counting it (build-images,
+    /// rollout, align, validate, report). train-step always stops at a bad sample, and
+    /// filter-tasks at a bad task unless given its own --keep-going.
     #[arg(long, global = true)]
     pub strict: bool,
 }

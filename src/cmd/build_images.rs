@@ -9,7 +9,7 @@ use clap::Args;
 use super::Outcome;
 use crate::cli::GlobalArgs;
 use crate::harness::Harness;
-use crate::io::{read_all, AtomicWriter, ReadOptions};
+use crate::io::{read_all, AtomicWriter};
 use crate::records::{ImageRecord, Task};
 use crate::sandbox::runtime::{default_cache_dir, ensure_runtimes, RuntimeVolume};
 use crate::sandbox::{build_images, BuildSettings, Engine, SandboxError, DEFAULT_BASE_IMAGE};
@@ -71,7 +71,7 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
             Outcome::Failures
         });
     };
-    let tasks: Vec<Task> = read_all(input, ReadOptions::default())
+    let tasks: Vec<Task> = read_all(input, global.read_options())
         .with_context(|| format!("reading tasks from {}", input.display()))?;
     let task_root = input
         .parent()

@@ -207,6 +207,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         max_context: args.max_context,
         prefix_cache_bytes: args.prefix_cache_bytes,
         progress: crate::ui::progress_enabled(global),
+        strict: global.strict,
     };
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let s = rt

@@ -204,10 +204,16 @@ pub struct TrainStepArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_bytes, help_heading = "Memory plan")]
     pub device_memory: Option<u64>,
     /// Ranks the plan is for; default: WORLD_SIZE, else SLURM_NTASKS, else --nproc-per-node, else 1.
-    #[arg(long, value_name = "N", help_heading = "Memory plan")]
+    #[arg(long, value_name = "N", requires = "plan", help_heading = "Memory plan")]
     pub world_size: Option<usize>,
     /// How --plan prints.
-    #[arg(long, value_enum, default_value = "table", help_heading = "Memory plan")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "table",
+        requires = "plan",
+        help_heading = "Memory plan"
+    )]
     pub format: PlanFormat,
 }
 

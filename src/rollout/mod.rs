@@ -97,6 +97,9 @@ pub struct RolloutConfig {
     pub prefix_cache_bytes: usize,
     /// Draw progress bars (the caller decides: TTY, not quiet).
     pub progress: bool,
+    /// Fail on the first bad task or image record (the global `--strict`) instead of skipping
+    /// and counting it.
+    pub strict: bool,
 }
 
 /// What a run did.
@@ -257,8 +260,12 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         Some(p) => Forced::load(p)?,
         None => Forced::default(),
     };
-    let tasks: Vec<Task> = read_all(&cfg.tasks, ReadOptions::default())?;
-    let images: Vec<ImageRecord> = read_all(&cfg.images, ReadOptions::default())?;
+    let inputs = ReadOptions {
+        strict: cfg.strict,
+        ..ReadOptions::default()
+    };
+    let tasks: Vec<Task> = read_all(&cfg.tasks, inputs)?;
+    let images: Vec<ImageRecord> = read_all(&cfg.images, inputs)?;
     let shard_tasks = cfg.shard.select(&tasks);
     let (usable, tasks_without_image) = usable_tasks(shard_tasks, &images);
     let image_of: HashMap<String, String> = usable.iter().map(|(t, i)| (t.id.clone(), i.clone())).collect();

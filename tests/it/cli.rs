@@ -119,3 +119,91 @@ fn exit_codes_do_not_depend_on_stderr_being_writable() {
         .unwrap();
     assert_eq!(missing.code(), Some(2));
 }
+
+/// A task file whose first line is not a record and whose second is a task on a prebuilt image.
+fn tasks_with_a_bad_line(dir: &std::path::Path) -> std::path::PathBuf {
+    let root = crate::common::root();
+    let good = std::fs::read_to_string(root.join("testdata/tasks/tasks.jsonl"))
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("\"id\": \"harbor__hello-world\""))
+        .unwrap()
+        .to_string();
+    let mut task: serde_json::Value = serde_json::from_str(&good).unwrap();
+    task["environment"] = serde_json::json!({"image": "lego-rl/base:trixie", "workdir": "/app"});
+    let path = dir.join("tasks.jsonl");
+    std::fs::write(
+        &path,
+        format!("{{\"schema\": \"lego-rl/task/v1\", \"id\": 7\n{task}\n"),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn strict_stops_build_images_and_rollout_at_a_bad_record_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = tasks_with_a_bad_line(dir.path());
+    let images = dir.path().join("images.jsonl.zst");
+    let named = |stderr: &[u8]| {
+        let e = String::from_utf8_lossy(stderr).to_string();
+        assert!(
+            e.contains(&format!("{}: record 1", tasks.display())),
+            "the error names the file and record: {e}"
+        );
+    };
+    let o = lego()
+        .args(["--strict", "build-images", "-i"])
+        .arg(&tasks)
+        .arg("-o")
+        .arg(&images)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    named(&o.stderr);
+    assert!(!images.exists(), "nothing written");
+    let root = crate::common::root();
+    let o = lego()
+        .args(["rollout", "--strict", "-i"])
+        .arg(&tasks)
+        .arg("--images")
+        .arg(&tasks)
+        .arg("--harness")
+        .arg(root.join("examples/harnesses/mini-swe-agent.toml"))
+        .args(["--backend", "embedded:/nonexistent", "-o"])
+        .arg(dir.path().join("traj.jsonl.zst"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    named(&o.stderr);
+    // Without --strict the bad line is skipped and counted, and the good task is built.
+    if !crate::common::docker_available() {
+        return;
+    }
+    let o = lego()
+        .args(["build-images", "-i"])
+        .arg(&tasks)
+        .arg("-o")
+        .arg(&images)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let recs: Vec<lego_rl::records::ImageRecord> =
+        lego_rl::io::read_all(&images, Default::default()).unwrap();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].task_id, "harbor__hello-world");
+}
+
+#[test]
+fn plan_only_flags_need_plan() {
+    for flag in [["--world-size", "8"], ["--format", "json"]] {
+        let o = lego()
+            .args(["train-step", "--checkpoint", "x", "-i", "x", "--out", "x"])
+            .args(flag)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flag:?}: {o:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("--plan"), "{flag:?}: {e}");
+    }
+}
