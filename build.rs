@@ -11,7 +11,7 @@
 //! the shim's NCCL path is compiled too. The binary still runs on a machine without a GPU. A CPU-only
 //! wheel, or `LEGO_RL_NO_CUDA=1`, gives the CPU-only link. `lego-rl env` reports what was built.
 //!
-//! It also compiles the c10d shim (`src/dist/shim.cpp`, see `src/dist/mod.rs`) against the same
+//! It also compiles the c10d shim (`src/c10d/shim.cpp`, see `src/c10d/mod.rs`) against the same
 //! libtorch headers with torch-sys's flags (C++17, the CXX11 ABI flag, GLOG_USE_GLOG_EXPORT).
 use std::path::{Path, PathBuf};
 
@@ -75,15 +75,15 @@ fn nvidia_lib_dirs(nvidia: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// Compiles `src/dist/shim.cpp` into a static library linked into the crate. The wheel ships
+/// Compiles `src/c10d/shim.cpp` into a static library linked into the crate. The wheel ships
 /// libtorch's c10d headers but not Gloo's, which ProcessGroupGloo.hpp includes: the five names it
-/// includes are pointed at `src/dist/gloo_decls.h` (why that is sound is explained there).
+/// includes are pointed at `src/c10d/gloo_decls.h` (why that is sound is explained there).
 fn compile_shim(torch: &Path, nccl: Option<&[PathBuf]>) {
-    for f in ["src/dist/shim.cpp", "src/dist/gloo_decls.h"] {
+    for f in ["src/c10d/shim.cpp", "src/c10d/gloo_decls.h"] {
         println!("cargo:rerun-if-changed={f}");
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let decls = std::fs::canonicalize("src/dist/gloo_decls.h").expect("src/dist/gloo_decls.h exists");
+    let decls = std::fs::canonicalize("src/c10d/gloo_decls.h").expect("src/c10d/gloo_decls.h exists");
     let gloo = out.join("gloo-include");
     for name in [
         "gloo/algorithm.h",
@@ -110,7 +110,7 @@ fn compile_shim(torch: &Path, nccl: Option<&[PathBuf]>) {
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .define("USE_C10D_GLOO", None)
-        .file("src/dist/shim.cpp");
+        .file("src/c10d/shim.cpp");
     if let Some(includes) = nccl {
         build.includes(includes);
         build.define("USE_C10D_NCCL", None).define("LEGO_RL_NCCL", None);

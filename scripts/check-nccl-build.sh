@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles the c10d shim's NCCL path (src/dist/shim.cpp with USE_C10D_NCCL) on a machine without a
+# Compiles the c10d shim's NCCL path (src/c10d/shim.cpp with USE_C10D_NCCL) on a machine without a
 # CUDA toolkit or GPU, and checks that every NCCL symbol it needs is exported by the torch wheel's
 # libtorch_cuda.so. It does not run anything on a GPU: it proves that `cargo build --features nccl`
 # compiles and links against torch 2.11's ProcessGroupNCCL.
@@ -21,13 +21,13 @@ home=$("$root/scripts/cuda-headers.sh" "$py") || { say "no CUDA headers (see abo
 gloo=$(mktemp -d)
 for name in gloo/algorithm.h gloo/common/error.h gloo/context.h gloo/rendezvous/store.h gloo/transport/device.h; do
   mkdir -p "$gloo/$(dirname "$name")"
-  printf '#pragma once\n#include "%s"\n' "$root/src/dist/gloo_decls.h" >"$gloo/$name"
+  printf '#pragma once\n#include "%s"\n' "$root/src/c10d/gloo_decls.h" >"$gloo/$name"
 done
 obj=$(mktemp --suffix=.o)
-say "compiling src/dist/shim.cpp with USE_C10D_NCCL"
+say "compiling src/c10d/shim.cpp with USE_C10D_NCCL"
 g++ -c -O1 -fPIC -Wno-interference-size -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -DGLOG_USE_GLOG_EXPORT -DUSE_C10D_GLOO \
   -DUSE_C10D_NCCL -DLEGO_RL_NCCL -I"$torch/include" -I"$torch/include/torch/csrc/api/include" -I"$gloo" \
-  -I"$home/include" -I"$home/include/cccl" -I"$site/nvidia/nccl/include" "$root/src/dist/shim.cpp" -o "$obj"
+  -I"$home/include" -I"$home/include/cccl" -I"$site/nvidia/nccl/include" "$root/src/c10d/shim.cpp" -o "$obj"
 missing=0
 exported=$(nm -D --defined-only "$torch/lib/libtorch_cuda.so" | awk '{print $3}')
 for sym in $(nm -u "$obj" | awk '{print $2}' | grep -i nccl); do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CUDA headers for building lego-rl's CUDA paths without a CUDA toolkit: the c10d shim's NCCL path
-# (src/dist/shim.cpp with USE_C10D_NCCL) needs cuda_runtime.h, crt/ and libcu++, which the torch
+# (src/c10d/shim.cpp with USE_C10D_NCCL) needs cuda_runtime.h, crt/ and libcu++, which the torch
 # wheel's nvidia-cuda-runtime lacks. They come from PyPI, matching the CUDA runtime wheel torch
 # pulls in: the runtime wheel's include/ plus nvidia-cuda-crt (crt/) and nvidia-cuda-cccl
 # (libcu++), unpacked once into $LEGO_RL_CACHE/cuda-headers-<version> (a CUDA_HOME for build.rs).

@@ -5,11 +5,11 @@
 //! subcommand in [`cmd`] is a thin layer over one library module.
 
 pub mod align;
+pub mod c10d;
 pub mod chat;
 pub mod cli;
 pub mod cmd;
 pub mod device;
-pub mod dist;
 pub mod engine;
 pub mod env;
 pub mod grade;

@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
+use crate::c10d::{launch::run_local, Backend, ProcessGroup};
 use crate::cli::GlobalArgs;
-use crate::dist::{launch::run_local, Backend, ProcessGroup};
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::model::{parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor};
 
-use crate::dist::{DistError, ProcessGroup};
+use crate::c10d::{DistError, ProcessGroup};
 
 /// Which slice of every MoE layer's experts this rank holds: slice `rank` of `size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

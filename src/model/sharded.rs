@@ -17,7 +17,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{to_dtype, write_index, write_safetensors, Entry};
 use super::{Model, ModelError};
-use crate::dist::ProcessGroup;
+use crate::c10d::ProcessGroup;
 
 /// How the routed experts are stored in a saved checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

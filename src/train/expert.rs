@@ -20,7 +20,7 @@ use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares}
 use super::trainer::{Settings, Trainer};
 use super::zero::{self, ZeroAdamW};
 use super::TrainError;
-use crate::dist::{ExpertGroups, ProcessGroup, ReduceOp};
+use crate::c10d::{ExpertGroups, ProcessGroup, ReduceOp};
 use crate::model::{ExpertComm, ExpertShard, Model};
 
 /// The groups of expert parallelism a trainer runs in.

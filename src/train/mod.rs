@@ -54,5 +54,5 @@ pub enum TrainError {
     #[error("{0}")]
     Torch(#[from] tch::TchError),
     #[error(transparent)]
-    Dist(#[from] crate::dist::DistError),
+    Dist(#[from] crate::c10d::DistError),
 }

@@ -10,7 +10,7 @@ use tch::{Device, Kind};
 use super::optim::AdamW;
 use super::trainer::{CheckpointInfo, Trainer, INFO_FILE};
 use super::{zero, TrainError};
-use crate::dist::ProcessGroup;
+use crate::c10d::ProcessGroup;
 use crate::model::Model;
 
 impl Trainer {

@@ -13,7 +13,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::batch::Batch;
-use crate::dist::{DistError, ProcessGroup, ReduceOp};
+use crate::c10d::{DistError, ProcessGroup, ReduceOp};
 
 /// The sequences of `idx` this rank computes: trajectories go, largest first (ties: lower
 /// index), to the rank with the fewest tokens so far (ties: lower rank); order of `idx` is kept.

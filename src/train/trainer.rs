@@ -25,7 +25,7 @@ use super::shard::{combine_per_seq, shard, sum_scalars};
 use super::update::trainable;
 use super::zero::{ZeroAdamW, ZeroLayout};
 use super::TrainError;
-use crate::dist::ProcessGroup;
+use crate::c10d::ProcessGroup;
 
 pub use super::save::check_out;
 

@@ -10,7 +10,7 @@ use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares}
 use super::trainer::{Settings, Trainer};
 use super::zero::ZeroAdamW;
 use super::TrainError;
-use crate::dist::ProcessGroup;
+use crate::c10d::ProcessGroup;
 use crate::records::StepMetrics;
 
 impl Trainer {

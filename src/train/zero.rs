@@ -29,7 +29,7 @@ use tch::{Kind, Tensor};
 
 use super::optim::{adamw_update, AdamW, AdamWConfig};
 use super::TrainError;
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::c10d::{ProcessGroup, ReduceOp};
 
 /// Folder of the sharded state in a checkpoint.
 pub const DIR: &str = "optimizer";
@@ -331,7 +331,7 @@ impl ZeroAdamW {
         params: &[(String, Tensor)],
         defined: &[bool],
         pg: &ProcessGroup,
-    ) -> Result<Vec<Tensor>, crate::dist::DistError> {
+    ) -> Result<Vec<Tensor>, crate::c10d::DistError> {
         let _g = tch::no_grad_guard();
         let mut out = Vec::new();
         for (bi, b) in self.buckets.iter().enumerate() {
@@ -366,7 +366,7 @@ impl ZeroAdamW {
         bc: (f64, f64),
         cfg: &AdamWConfig,
         pg: &ProcessGroup,
-    ) -> Result<(), crate::dist::DistError> {
+    ) -> Result<(), crate::c10d::DistError> {
         let _g = tch::no_grad_guard();
         let rank = pg.rank() as i64;
         for (bi, b) in self.buckets.iter().enumerate() {

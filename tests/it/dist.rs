@@ -1,4 +1,4 @@
-//! c10d through `lego_rl::dist`: every collective on 2 real Gloo ranks, and the ways a world
+//! c10d through `lego_rl::c10d`: every collective on 2 real Gloo ranks, and the ways a world
 //! fails (no store, a lone rank, a peer that dies or hangs) ending in an error, never a hang.
 //!
 //! The ranks are this test binary itself, started again on [`worker`] with `RANK`/`WORLD_SIZE`
@@ -7,7 +7,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use lego_rl::dist::{Backend, ProcessGroup, ReduceOp, WorldEnv};
+use lego_rl::c10d::{Backend, ProcessGroup, ReduceOp, WorldEnv};
 use tch::{Kind, Tensor};
 
 const MODE: &str = "LEGO_RL_TEST_DIST";
@@ -238,7 +238,7 @@ fn a_peer_that_dies_or_hangs_is_an_error_not_a_hang() {
     }
 }
 
-fn init(rank: usize, port: u16) -> Result<ProcessGroup, lego_rl::dist::DistError> {
+fn init(rank: usize, port: u16) -> Result<ProcessGroup, lego_rl::c10d::DistError> {
     let w = WorldEnv {
         rank,
         world_size: 2,

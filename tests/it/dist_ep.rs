@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use lego_rl::dist::{Backend, ProcessGroup, ReduceOp};
+use lego_rl::c10d::{Backend, ProcessGroup, ReduceOp};
 use lego_rl::model::{ExpertLayout, ExpertShard, Model};
 use lego_rl::records::{Packed, Sample, StepMetrics};
 use tch::{Device, Kind, Tensor};

@@ -192,7 +192,7 @@ const RESUME: &str = "LEGO_RL_TEST_BF16_RESUME";
 #[test]
 #[ignore = "a rank started by the resume tests of this module"]
 fn resume_worker() {
-    use lego_rl::dist::{Backend, ProcessGroup};
+    use lego_rl::c10d::{Backend, ProcessGroup};
     let Ok(job) = std::env::var(RESUME) else { return };
     let parts: Vec<&str> = job.splitn(4, ';').collect();
     let [phase, zero, ep, dir] = parts[..] else {

@@ -1,5 +1,5 @@
 // The only C++ of lego-rl: a narrow extern "C" surface over libtorch's own c10d (TCPStore,
-// ProcessGroupGloo; ProcessGroupNCCL when built with the `nccl` feature), used by src/dist/ffi.rs.
+// ProcessGroupGloo; ProcessGroupNCCL when built with the `nccl` feature), used by src/c10d/ffi.rs.
 //
 // Rules of this surface: plain integers and strings in, `at::Tensor*` (tch's Tensor::as_ptr())
 // for tensors, 0 for success, and on failure a malloc'ed message in *err (freed with
