@@ -98,13 +98,7 @@ impl Served {
 }
 
 fn error_response(e: impl std::fmt::Display) -> Response {
-    let body = serde_json::json!({ "error": { "message": e.to_string() } }).to_string();
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        [(header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
+    ask::error(StatusCode::INTERNAL_SERVER_ERROR, e)
 }
 
 async fn blocking<T: Send + 'static>(
@@ -152,28 +146,13 @@ async fn trajectory(State(s): State<Arc<Served>>, Query(q): Query<IdQuery>) -> R
     .await;
     match found {
         Ok(Some(json)) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-        Ok(None) => {
-            let body = serde_json::json!({ "error": { "message": format!("no trajectory `{}`", q.id) } })
-                .to_string();
-            (
-                StatusCode::NOT_FOUND,
-                [(header::CONTENT_TYPE, "application/json")],
-                body,
-            )
-                .into_response()
-        }
+        Ok(None) => not_found(format!("no trajectory `{}`", q.id)),
         Err(r) => r,
     }
 }
 
 fn not_found(msg: String) -> Response {
-    let body = serde_json::json!({ "error": { "message": msg } }).to_string();
-    (
-        StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
+    ask::error(StatusCode::NOT_FOUND, msg)
 }
 
 /// One trajectory's detail for the assistant (404 without an assistant or the trajectory).

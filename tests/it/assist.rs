@@ -5,9 +5,8 @@
 //! of a real run with the embedded assistant is in pipeline.rs (the demo run).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -16,57 +15,27 @@ use lego_rl::records::Trajectory;
 use serde_json::{json, Value};
 
 use crate::common::{lego, root};
-use crate::report::{chromium, dump_dom, dump_dom_for, enc, http_get, Server};
+use crate::report::{chromium, dump_dom, dump_dom_for, enc, http, http_get, serve};
 use crate::synth::{trajectory, write_run, Synth};
 
 /// The rendered Ask box (its question filled in; the script's template has a placeholder).
 const ASK_BOX: &str = "<textarea id=\"ask-q\" rows=\"2\">Why did this trajectory";
 
-/// Starts `report --serve` on a free port with `extra` arguments; returns the server and its
-/// address.
-fn serve(run: &Path, extra: &[String]) -> (Server, String) {
-    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let child = Command::new(bin)
-        .args(["report", "--serve", "--bind", "127.0.0.1:0"])
-        .arg(run)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut server = Server(child);
-    let mut line = String::new();
-    BufReader::new(server.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .rsplit("http://")
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .to_string();
-    assert!(addr.starts_with("127.0.0.1:"), "server did not start: {line:?}");
-    (server, addr)
+fn http_post(addr: &str, path: &str, body: &Value) -> (u16, String) {
+    http(addr, "POST", path, Some(body))
 }
 
-fn http_post(addr: &str, path: &str, body: &Value) -> (u16, String) {
-    let body = body.to_string();
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let status = buf[9..12].parse().unwrap();
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default();
-    (status, body)
+/// A synthetic run of one group of two trajectories in `dir/run`.
+fn small_run(dir: &Path) -> (PathBuf, Synth) {
+    let run = dir.join("run");
+    let s = Synth {
+        steps: 1,
+        tasks: 1,
+        group_size: 2,
+        ..Default::default()
+    };
+    write_run(&run, &s);
+    (run, s)
 }
 
 /// The longest request of the real Claude Code capture in testdata, as one trajectory's
@@ -96,14 +65,7 @@ fn claude_code_trajectory(s: &Synth) -> Trajectory {
 #[test]
 fn ask_box_streams_an_embedded_answer_about_a_long_episode_and_saves_it() {
     let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let s = Synth {
-        steps: 1,
-        tasks: 1,
-        group_size: 2,
-        ..Default::default()
-    };
-    write_run(&run, &s);
+    let (run, s) = small_run(dir.path());
     let long = claude_code_trajectory(&s);
     let (mut w, _) = AppendWriter::open(&run.join("trajectories/step-000000.jsonl.zst")).unwrap();
     w.push(&long).unwrap();
@@ -218,14 +180,7 @@ fn ask_box_streams_an_embedded_answer_about_a_long_episode_and_saves_it() {
 #[test]
 fn without_an_assistant_there_is_no_ask_box_and_nothing_to_send_to() {
     let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let s = Synth {
-        steps: 1,
-        tasks: 1,
-        group_size: 2,
-        ..Default::default()
-    };
-    write_run(&run, &s);
+    let (run, s) = small_run(dir.path());
     let (_server, addr) = serve(&run, &[]);
     let (_, body) = http_get(&addr, "/api/summary");
     let summary: Value = serde_json::from_str(&body).unwrap();

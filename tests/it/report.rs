@@ -320,10 +320,24 @@ fn static_report_writes_csv_and_a_page_that_renders() {
 }
 
 pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http(addr, "GET", path, None)
+}
+
+/// One HTTP/1.1 request with an optional JSON body: (status, body).
+pub(crate) fn http(addr: &str, method: &str, path: &str, json: Option<&serde_json::Value>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
+    let body = json.map(|v| v.to_string()).unwrap_or_default();
+    let head = if json.is_some() {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        )
+    } else {
+        String::new()
+    };
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{head}Connection: close\r\n\r\n{body}"
     )
     .unwrap();
     let mut buf = String::new();
@@ -344,19 +358,14 @@ impl Drop for Server {
     }
 }
 
-#[test]
-fn live_server_follows_a_growing_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let s = Synth {
-        steps: 1,
-        ..Default::default()
-    };
-    write_run(&run, &s);
+/// Starts `report --serve` on a free port with `extra` arguments; returns the server and its
+/// address.
+pub(crate) fn serve(run: &Path, extra: &[String]) -> (Server, String) {
     let bin = assert_cmd::cargo::cargo_bin("lego-rl");
     let child = Command::new(bin)
         .args(["report", "--serve", "--bind", "127.0.0.1:0"])
-        .arg(&run)
+        .arg(run)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -373,7 +382,20 @@ fn live_server_follows_a_growing_run() {
         .unwrap()
         .trim_end_matches('/')
         .to_string();
-    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    assert!(addr.starts_with("127.0.0.1:"), "server did not start: {line:?}");
+    (server, addr)
+}
+
+#[test]
+fn live_server_follows_a_growing_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let s = Synth {
+        steps: 1,
+        ..Default::default()
+    };
+    write_run(&run, &s);
+    let (_server, addr) = serve(&run, &[]);
     let summary = |addr: &str| -> serde_json::Value {
         let (status, body) = http_get(addr, "/api/summary");
         assert_eq!(status, 200, "{body}");

@@ -80,7 +80,9 @@ fn json_response(status: StatusCode, v: Value) -> Response {
         .into_response()
 }
 
-fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
+/// An error answered as `{"error": {"message": ...}}` with `status` (every JSON endpoint of
+/// the live UI).
+pub(crate) fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
     json_response(status, json!({ "error": { "message": msg.to_string() } }))
 }
 
