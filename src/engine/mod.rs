@@ -14,6 +14,8 @@ pub mod sglang;
 pub mod vllm;
 mod worker;
 
+pub use vllm::server::VllmServer;
+
 use futures::future::BoxFuture;
 
 use crate::records::Sampling;
@@ -194,7 +196,47 @@ pub trait Backend: Send + Sync {
         None
     }
     /// Loads new weights from a checkpoint directory (the asynchronous loop's policy update).
-    fn reload(&self, checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<(), EngineError>>;
+    fn reload(&self, checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<ReloadReport, EngineError>>;
+}
+
+/// What a weight reload did (rollout's summary and the trajectories' metadata carry it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReloadReport {
+    /// Wall time of the whole reload, verification and restarts included.
+    pub seconds: f64,
+    /// The check that the new weights really serve, when the backend makes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+    /// Server restarts the reload took (an in-place load that failed or did not verify).
+    #[serde(default)]
+    pub restarts: u32,
+    /// The check of an in-place load that did not pass, before the restart replaced it: what
+    /// would have served without verification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<Verification>,
+}
+
+impl ReloadReport {
+    /// A reload that took `elapsed` and was not verified.
+    pub fn took(elapsed: std::time::Duration) -> Self {
+        ReloadReport {
+            seconds: elapsed.as_secs_f64(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A served model's log-probs of a fixed probe sequence against the checkpoint's own, computed
+/// in this process from the checkpoint directory.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Verification {
+    /// Scored probe tokens.
+    pub tokens: usize,
+    /// Largest |served − checkpoint| log-prob over the probe's tokens.
+    pub max_abs_delta: f64,
+    /// The largest delta that passes.
+    pub tolerance: f64,
+    pub passed: bool,
 }
 
 /// Shape of the routing a model produces (from its config.json), needed to reshape flat arrays.

@@ -170,7 +170,16 @@ impl Backend for SglangBackend {
         self.generate_inner(req).boxed()
     }
 
-    fn reload(&self, checkpoint_dir: &std::path::Path) -> BoxFuture<'_, Result<(), EngineError>> {
-        self.reload_inner(checkpoint_dir.to_path_buf()).boxed()
+    fn reload(
+        &self,
+        checkpoint_dir: &std::path::Path,
+    ) -> BoxFuture<'_, Result<super::ReloadReport, EngineError>> {
+        let dir = checkpoint_dir.to_path_buf();
+        async move {
+            let start = std::time::Instant::now();
+            self.reload_inner(dir).await?;
+            Ok(super::ReloadReport::took(start.elapsed()))
+        }
+        .boxed()
     }
 }

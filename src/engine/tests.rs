@@ -120,11 +120,7 @@ async fn vllm_client_reads_tokens_logprobs_and_npy_routing() {
     assert_eq!((r.start, r.tokens, r.layers, r.top_k), (0, 5, LAYERS, TOP_K));
     assert_eq!(r.experts[(4 * LAYERS + 1) * TOP_K + 1], expert(4, 1, 1));
     // This server mounts no dev-mode routes, as `vllm serve` without VLLM_SERVER_DEV_MODE=1.
-    let err = backend
-        .reload(std::path::Path::new("/ckpt"))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = backend.reload(&checkpoint("ckpt")).await.unwrap_err().to_string();
     assert!(err.contains("/pause?mode=wait"), "{err}");
     assert!(err.contains("answered 404"), "{err}");
     assert!(err.contains("VLLM_SERVER_DEV_MODE=1"), "{err}");
@@ -136,6 +132,16 @@ type DevLog = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
 /// vLLM's dev-mode endpoints, answering in the shapes of vllm/entrypoints/serve/{rlhf,rpc,cache}/
 /// api_router.py; `/collective_rpc` answers `rpc_status` with `rpc_body`.
 fn vllm_dev_server(log: DevLog, rpc_status: u16, rpc_body: &'static str) -> Router {
+    vllm_dev_server_with(log, rpc_status, rpc_body, "")
+}
+
+/// [`vllm_dev_server`] whose `/reset_prefix_cache` answers `reset_body`.
+fn vllm_dev_server_with(
+    log: DevLog,
+    rpc_status: u16,
+    rpc_body: &'static str,
+    reset_body: &'static str,
+) -> Router {
     use axum::extract::State;
     use axum::http::{StatusCode, Uri};
     async fn record(State(log): State<DevLog>, uri: Uri, body: String) -> (StatusCode, String) {
@@ -149,7 +155,13 @@ fn vllm_dev_server(log: DevLog, rpc_status: u16, rpc_body: &'static str) -> Rout
     }
     Router::new()
         .route("/pause", post(record))
-        .route("/reset_prefix_cache", post(record))
+        .route(
+            "/reset_prefix_cache",
+            post(move |State(log): State<DevLog>, uri: Uri| async move {
+                log.lock().unwrap().push((uri.to_string(), String::new()));
+                reset_body
+            }),
+        )
         .route("/resume", post(record))
         .route(
             "/collective_rpc",
@@ -184,10 +196,8 @@ async fn vllm_reload_pauses_loads_resets_prefix_cache_and_resumes() {
     let log = DevLog::default();
     let addr = serve(vllm_dev_server(log.clone(), 200, r#"{"results":[null,null]}"#)).await;
     let backend = vllm::VllmBackend::new(&format!("http://{addr}/"));
-    backend
-        .reload(std::path::Path::new("/ckpt/step-000001"))
-        .await
-        .unwrap();
+    let ckpt = checkpoint("step-000001");
+    backend.reload(&ckpt).await.unwrap();
     assert_eq!(
         sent(&log),
         vec![
@@ -197,7 +207,7 @@ async fn vllm_reload_pauses_loads_resets_prefix_cache_and_resumes() {
             ),
             (
                 "/collective_rpc".to_string(),
-                json!({"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-000001"}}),
+                json!({"method": "reload_weights", "kwargs": {"weights_path": ckpt.to_str().unwrap()}}),
             ),
             ("/reset_prefix_cache".to_string(), Value::Null),
             ("/resume".to_string(), Value::Null),
@@ -210,10 +220,12 @@ async fn vllm_reload_pauses_loads_resets_prefix_cache_and_resumes() {
     let addr = serve(vllm_dev_server(log.clone(), 200, "")).await;
     let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
     backend
-        .reload(std::path::Path::new("checkpoints/step-000002"))
+        .reload(std::path::Path::new("testdata/models/tiny-qwen3"))
         .await
         .unwrap();
-    let want = std::env::current_dir().unwrap().join("checkpoints/step-000002");
+    let want = std::env::current_dir()
+        .unwrap()
+        .join("testdata/models/tiny-qwen3");
     assert_eq!(sent(&log)[1].1["kwargs"]["weights_path"], want.to_str().unwrap());
     assert_eq!(sent(&log).len(), 4);
 }
@@ -226,7 +238,7 @@ async fn vllm_reload_failure_leaves_the_server_paused_and_says_why() {
     let addr = serve(vllm_dev_server(log.clone(), 500, answer)).await;
     let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
     let err = backend
-        .reload(std::path::Path::new("/ckpt/step-000001"))
+        .reload(&checkpoint("step-000001"))
         .await
         .unwrap_err()
         .to_string();
@@ -247,13 +259,43 @@ async fn vllm_reload_failure_leaves_the_server_paused_and_says_why() {
     let log = DevLog::default();
     let addr = serve(vllm_dev_server(log.clone(), 200, r#"{"detail":"?"}"#)).await;
     let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
-    let err = backend
-        .reload(std::path::Path::new("/ckpt"))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = backend.reload(&checkpoint("ckpt")).await.unwrap_err().to_string();
     assert!(err.contains("no `results` list"), "{err}");
     assert_eq!(sent(&log).len(), 2);
+
+    // `{"success": false}` from /reset_prefix_cache: old-weight KV would be reused.
+    let log = DevLog::default();
+    let addr = serve(vllm_dev_server_with(
+        log.clone(),
+        200,
+        "",
+        r#"{"success": false}"#,
+    ))
+    .await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
+    let err = backend.reload(&checkpoint("ckpt")).await.unwrap_err().to_string();
+    assert!(err.contains("prefix cache was not reset"), "{err}");
+    assert_eq!(sent(&log).len(), 3, "no resume");
+
+    // A directory without a checkpoint never reaches the server (vLLM would take it for a Hub
+    // repo id, fail, and die on the next request).
+    let log = DevLog::default();
+    let addr = serve(vllm_dev_server(log.clone(), 200, "")).await;
+    let backend = vllm::VllmBackend::new(&format!("http://{addr}"));
+    let missing = checkpoint("ckpt").join("missing");
+    let err = backend.reload(&missing).await.unwrap_err().to_string();
+    assert!(err.contains("is not a checkpoint"), "{err}");
+    assert!(sent(&log).is_empty());
+}
+
+/// A directory with a `config.json` (all a reload checks before it calls the server).
+fn checkpoint(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir()
+        .join(format!("lego-rl-engine-tests-{}", std::process::id()))
+        .join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    dir
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use crate::chat::{
 };
 use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
 use crate::records::{
-    Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS, REPLAYS,
+    Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS, REPLAYS, ROUTING_MISSING,
 };
 
 /// One captured generation with what faithful prompting of the next turn needs.
@@ -444,6 +444,19 @@ fn prepare_inner(
             return Err(err);
         }
     }
+    let mut record = record;
+    if let (Some(context), Some(max)) = (context, sampling.max_tokens) {
+        // What fits is served, and said: an engine that shortens max_tokens on its own (vLLM
+        // does) would leave a `length` finish unexplained.
+        let room = (context - record.prompt_ids.len()) as u32;
+        if max > room {
+            sampling.max_tokens = Some(room);
+            record.extra.insert(
+                "max_tokens_capped".into(),
+                json!({"requested": max, "served": room, "context": context}),
+            );
+        }
+    }
     let request = GenerateRequest {
         prompt_ids,
         sampling,
@@ -574,10 +587,17 @@ pub(super) async fn run_with(
         .routing
         .as_ref()
         .map(|r| Packed::from_experts(vec![r.tokens, r.layers, r.top_k], &r.experts));
-    if let Some(r) = &out.routing {
-        if r.start != 0 {
+    match &out.routing {
+        Some(r) if r.start != 0 => {
             record.extra.insert("routing_start".into(), json!(r.start));
         }
+        Some(_) => {}
+        // Asked for (an MoE policy) and not returned: align and train-step count these tokens
+        // as unreplayable instead of training them with the trainer's own routing unseen.
+        None if state.cfg.return_routing => {
+            record.extra.insert(ROUTING_MISSING.into(), json!(true));
+        }
+        None => {}
     }
     if let Some(n) = out.cached_tokens {
         record.extra.insert("cached_tokens".into(), json!(n));

@@ -20,7 +20,7 @@ pub use task::{Environment, Grader, RepoSource, Task, TaskDecision, TaskSource, 
 pub use trajectory::{
     AuditEvent, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming, Termination,
     Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,
-    MALFORMED_TOOL_CALLS, REPLAYS, SAMPLING_OVERRIDES, TAMPERING_KINDS,
+    MALFORMED_TOOL_CALLS, REPLAYS, ROUTING_MISSING, SAMPLING_OVERRIDES, TAMPERING_KINDS,
 };
 pub use validation::{GateResult, StepMetrics, ValidationReport};
 

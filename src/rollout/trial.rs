@@ -87,6 +87,9 @@ pub struct TrialSpec {
     pub group_id: u64,
     pub sample: u32,
     pub policy_version: u64,
+    /// The reload that brought `policy_version` in, when this run made one (its time and
+    /// verification go into the trajectory's metadata as `reload`).
+    pub reload: Option<Arc<crate::engine::ReloadReport>>,
 }
 
 /// Runs one trial to its trajectory; never fails (infrastructure problems become `infra:*`).
@@ -179,6 +182,9 @@ fn trajectory(
     let mut metadata = serde_json::Map::new();
     metadata.insert("run_id".into(), json!(shared.run_id));
     metadata.insert("image".into(), json!(spec.image));
+    if let Some(r) = &spec.reload {
+        metadata.insert("reload".into(), json!(r.as_ref()));
+    }
     // align finds the policy's tokenizer here without --model.
     metadata.insert(CHAT_MODEL.into(), json!(shared.chat_dir));
     let refused = generations

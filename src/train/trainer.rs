@@ -480,6 +480,14 @@ impl Trainer {
             },
         );
         m.routing_replay = (self.model.lm.moe_layers() > 0).then_some(s.replay);
+        if m.routing_replay == Some(true) {
+            // Tokens of samples without recorded routing ran on the trainer's own routing.
+            let (missing, total) = batch.seqs.iter().fold((0usize, 0usize), |(m, t), q| {
+                let n = q.pred_at.len();
+                (m + if q.routing.is_none() { n } else { 0 }, t + n)
+            });
+            m.unreplayed_token_fraction = (total > 0).then(|| missing as f64 / total as f64);
+        }
         super::correction::record(s, &is_stats, &mut m);
         self.memory_metrics(&mut m, &params, pg);
         Ok(m)

@@ -81,6 +81,13 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         "trainer routing equal to the recorded one (StepMetrics)",
     ),
     (
+        "unreplayed_token_fraction",
+        Op::AtMost,
+        0.0,
+        "loss tokens trained with routing replay on but without recorded routing (the backend \
+         returned none): they ran on the trainer's own routing, so R3 did not hold for them",
+    ),
+    (
         "is_masked_token_fraction",
         Op::AtMost,
         0.2,
@@ -420,6 +427,7 @@ fn metric(name: &str, m: &StepMetrics) -> Option<f64> {
         "logprob_pearson" => m.logprob_pearson.filter(|_| m.routing_replay != Some(false)),
         "logprob_pearson_without_replay" => m.logprob_pearson.filter(|_| m.routing_replay == Some(false)),
         "expert_overlap" => m.expert_overlap,
+        "unreplayed_token_fraction" => m.unreplayed_token_fraction,
         "is_masked_token_fraction" => m.is_masked_token_fraction,
         "staleness_max" => m.staleness_max.map(|v| v as f64),
         "zero_variance_group_fraction" => m.zero_variance_group_fraction,

