@@ -30,6 +30,8 @@ pub struct Synth {
     pub tamper_every: usize,
     /// Add a sample naming a trajectory that does not exist.
     pub orphan_sample: bool,
+    /// unreplayed_token_fraction of every step (routing replay on).
+    pub unreplayed: f64,
 }
 
 impl Default for Synth {
@@ -44,6 +46,7 @@ impl Default for Synth {
             test_edit_every: 0,
             tamper_every: 0,
             orphan_sample: false,
+            unreplayed: 0.0,
         }
     }
 }
@@ -303,6 +306,8 @@ pub fn write_run(dir: &Path, s: &Synth) {
                 0.998
             }),
             expert_overlap: Some(0.95),
+            routing_replay: Some(true),
+            unreplayed_token_fraction: Some(s.unreplayed),
             staleness_max: Some(0),
             ..Default::default()
         });

@@ -38,7 +38,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("31 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("32 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
@@ -102,11 +102,15 @@ fn failing_gates_exit_1_and_can_be_configured() {
         &Synth {
             last_pearson: 0.95,
             git_every: 2,
+            unreplayed: 0.25,
             ..Default::default()
         },
     );
     let (code, v) = validate_json(dir.path(), &[]);
     assert_eq!(code, Some(1), "{v}");
+    // Tokens trained without recorded routing while replay was on: R3 did not hold for them.
+    assert_eq!(gate(&v, "unreplayed_token_fraction")["value"], 0.25);
+    assert_eq!(gate(&v, "unreplayed_token_fraction")["passed"], false);
     let p = gate(&v, "logprob_pearson");
     assert_eq!(p["value"], 0.95);
     assert_eq!(p["passed"], false);
@@ -122,7 +126,7 @@ fn failing_gates_exit_1_and_can_be_configured() {
     let gates = dir.path().join("gates.toml");
     std::fs::write(
         &gates,
-        "disable = [\"git_history_rate\"]\n[thresholds]\nlogprob_pearson = 0.9\n",
+        "disable = [\"git_history_rate\", \"unreplayed_token_fraction\"]\n[thresholds]\nlogprob_pearson = 0.9\n",
     )
     .unwrap();
     let out = lego()
@@ -139,6 +143,8 @@ fn failing_gates_exit_1_and_can_be_configured() {
             "logprob_pearson=0.9",
             "--gate",
             "git_history_rate=0.6",
+            "--gate",
+            "unreplayed_token_fraction=0.3",
         ])
         .arg(dir.path())
         .output()
