@@ -5,8 +5,7 @@
 //! `return_routed_experts: true`. Response: `output_ids`, `meta_info.output_token_logprobs` as
 //! `[logprob, token_id, text]` triples, `meta_info.finish_reason` (`{"type": "stop"|"length", ...}`),
 //! `meta_info.routed_experts` (base64 of a flat little-endian int32 array, reshaped with the
-//! model's layer count and top-k) starting at position `meta_info.routed_experts_start_len`
-//! (0 when absent). Weight reload: `POST /update_weights_from_disk {"model_path": DIR}`.
+//! model's layer count and top-k) from position 0 (see [`decode_routing`]). Weight reload: `POST /update_weights_from_disk {"model_path": DIR}`.
 
 use std::time::Instant;
 
@@ -108,30 +107,8 @@ impl SglangBackend {
             Value::String(s) => s.clone(),
             _ => String::new(),
         };
-        let routing = match (want_routing, self.shape, meta["routed_experts"].as_str()) {
-            (true, Some(shape), Some(b64)) => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(b64)
-                    .map_err(|e| bad(&format!("routed_experts is not base64: {e}")))?;
-                let per = shape.layers * shape.top_k * 4;
-                if bytes.len() % per != 0 {
-                    return Err(bad(&format!(
-                        "routed_experts has {} bytes, not a multiple of layers*top_k*4 = {per}",
-                        bytes.len()
-                    )));
-                }
-                let experts: Vec<u16> = bytes
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).clamp(0, u16::MAX as i32) as u16)
-                    .collect();
-                Some(Routing {
-                    start: meta["routed_experts_start_len"].as_u64().unwrap_or(0) as usize,
-                    tokens: bytes.len() / per,
-                    layers: shape.layers,
-                    top_k: shape.top_k,
-                    experts,
-                })
-            }
+        let routing = match (want_routing, self.shape) {
+            (true, Some(shape)) => decode_routing(meta, shape).map_err(|m| bad(&m))?,
             _ => None,
         };
         Ok(GenerateOutput {
@@ -161,6 +138,40 @@ impl SglangBackend {
     }
 }
 
+/// `meta_info.routed_experts`: base64 of a flat little-endian int32 array `[token][layer][k]`
+/// covering positions 0 .. seq_len − 2 (SGLang's `state_capturer/routed_experts.py`). The rows
+/// start at the request's `routed_experts_start_len`, which SGLang does not echo back; this
+/// client never sends it, so they start at 0.
+fn decode_routing(meta: &Value, shape: RoutingShape) -> Result<Option<Routing>, String> {
+    let Some(b64) = meta["routed_experts"].as_str() else {
+        return Ok(None);
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| format!("routed_experts is not base64: {e}"))?;
+    let per = shape.layers * shape.top_k * 4;
+    if bytes.len() % per != 0 {
+        return Err(format!(
+            "routed_experts has {} bytes, not a multiple of layers*top_k*4 = {per}",
+            bytes.len()
+        ));
+    }
+    let experts = bytes
+        .chunks_exact(4)
+        .map(|c| {
+            u16::try_from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .map_err(|_| "routed_experts holds an id outside 0..65535".to_string())
+        })
+        .collect::<Result<Vec<u16>, _>>()?;
+    Ok(Some(Routing {
+        start: 0,
+        tokens: bytes.len() / per,
+        layers: shape.layers,
+        top_k: shape.top_k,
+        experts,
+    }))
+}
+
 impl Backend for SglangBackend {
     fn id(&self) -> String {
         format!("sglang:{}", self.base)
@@ -181,5 +192,40 @@ impl Backend for SglangBackend {
             Ok(super::ReloadReport::took(start.elapsed()))
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/engine-routing")
+            .join(name);
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    const SHAPE: RoutingShape = RoutingShape { layers: 2, top_k: 2 };
+
+    #[test]
+    fn routing_decodes_as_sglang_returns_it() {
+        // testdata/engine-routing/README.md: positions 0..3 of a 3 + 2 token sequence.
+        let rows: Vec<u16> = vec![1, 5, 2, 7, 3, 0, 6, 4, 7, 2, 1, 3, 4, 6, 0, 5];
+        let r = decode_routing(&fixture("sglang-generate.json")["meta_info"], SHAPE)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.start, r.tokens), (0, 4));
+        assert_eq!(r.experts, rows);
+        // With `routed_experts_start_len: 2` in the request: the rows of positions 2..3 only.
+        let r = decode_routing(&fixture("sglang-generate-start-len-2.json")["meta_info"], SHAPE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.experts, rows[8..]);
+        let mut meta = fixture("sglang-generate.json")["meta_info"].clone();
+        meta["routed_experts"] = json!("AAAA");
+        assert!(decode_routing(&meta, SHAPE)
+            .unwrap_err()
+            .contains("not a multiple"));
     }
 }

@@ -19,6 +19,7 @@ mod flight;
 mod harness_sampling;
 mod openai_api;
 mod routes;
+mod trial;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -325,6 +325,22 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
         let bad = r.rejected.expect("the in-place load was checked and rejected");
         assert!(bad.max_abs_delta > 10.0 * bad.tolerance, "{bad:?}");
         assert!(b.server().starts() >= 3, "{}", b.server().starts());
+        // A crashed server is restarted before the next request.
+        let group = b.server().process_group().unwrap() as i32;
+        // SAFETY: kill(2) on the server's own process group.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while b.server().alive() {
+            assert!(Instant::now() < deadline, "the killed server still runs");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let starts = b.server().starts();
+        let (prompt, forced) = lego_rl::engine::vllm::supervised::probe();
+        let mut req = request(prompt, 1, None);
+        req.forced_output = Some(forced);
+        let healed = b.generate(req).await.unwrap();
+        assert_eq!(b.server().starts(), starts + 1);
+        assert_eq!(healed.logprobs.len(), 24);
         // A path without a checkpoint: an error, and nothing serves.
         let err = b
             .reload(&tmp.path().join("missing"))
@@ -335,8 +351,35 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
     });
 }
 
+/// The members of process group `g` (`ps` lines).
+fn group_members(g: &str) -> Vec<String> {
+    ps().into_iter()
+        .filter(|l| l.split_whitespace().nth(1) == Some(g))
+        .collect()
+}
+
+fn ps() -> Vec<String> {
+    let o = std::process::Command::new("ps")
+        .args(["-eo", "pid=,pgid=,args="])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The process group of the vllm-serve server on a checkpoint under `dir` (its watchdog's pid),
+/// once it runs.
+fn server_group(dir: &Path) -> Option<String> {
+    ps().into_iter().find_map(|l| {
+        let pid = l.split_whitespace().next()?.to_string();
+        (l.contains("lego-rl-vllm-watchdog") && l.contains(dir.to_str()?)).then_some(pid)
+    })
+}
+
 #[test]
-fn sigkill_of_rollout_leaves_no_vllm_process() {
+fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vllm_process() {
     if !docker_available() {
         return;
     }
@@ -344,65 +387,88 @@ fn sigkill_of_rollout_leaves_no_vllm_process() {
     // A path of its own, so that this server's watchdog is told apart from the others'.
     let ckpt = tmp.path().join("policy");
     std::os::unix::fs::symlink(hd32(), &ckpt).unwrap();
+    // A newer checkpoint to follow: rollout loads it before its first group.
+    let root = tmp.path().join("checkpoints");
+    let step1 = changed_checkpoint(&root);
+    let info = lego_rl::train::CheckpointInfo {
+        policy_version: 1,
+        ..Default::default()
+    };
+    std::fs::write(step1.join("lego-rl.json"), serde_json::to_string(&info).unwrap()).unwrap();
     let traj = tmp.path().join("traj.jsonl.zst");
     let backend = format!("vllm-serve:{}", ckpt.display());
+    let args = rollout_args(
+        &backend,
+        &traj,
+        &[
+            "--group-size",
+            "1",
+            "--epochs",
+            "3",
+            "-j",
+            "1",
+            "--follow",
+            root.to_str().unwrap(),
+            "--vllm-arg=--dtype=float32",
+        ],
+    );
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
-        .args(rollout_args(
-            &backend,
-            &traj,
-            &["--group-size", "1", "--vllm-arg=--dtype=float32"],
-        ))
+        .args(args)
         .env("LEGO_RL_VLLM", vllm_python())
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
-        .stderr(std::process::Stdio::null())
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(tmp.path().join("stderr")).unwrap())
         .spawn()
         .unwrap();
-    let ps = || {
-        let o = std::process::Command::new("ps")
-            .args(["-eo", "pid=,pgid=,args="])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect::<Vec<_>>()
-    };
-    // The server's process group is its watchdog's pid.
-    let group = |lines: &[String]| {
-        lines.iter().find_map(|l| {
-            let mut f = l.split_whitespace();
-            let pid = f.next()?;
-            let _pgid = f.next()?;
-            (l.contains("lego-rl-vllm-watchdog") && l.contains(ckpt.to_str().unwrap()))
-                .then(|| pid.to_string())
-        })
-    };
-    let members = |g: &str| {
-        ps().into_iter()
-            .filter(|l| l.split_whitespace().nth(1) == Some(g))
-            .collect::<Vec<_>>()
-    };
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let g = loop {
-        assert!(Instant::now() < deadline, "no vLLM server started");
-        assert!(child.try_wait().unwrap().is_none(), "rollout exited early");
-        if let Some(g) = group(&ps()) {
-            break g;
+    let stderr = || std::fs::read_to_string(tmp.path().join("stderr")).unwrap_or_default();
+    // Wait for the first group (written whole, after the reload).
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let first = loop {
+        assert!(Instant::now() < deadline, "no group written: {}", stderr());
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rollout exited: {}",
+            stderr()
+        );
+        let written = std::fs::metadata(&traj).is_ok_and(|m| m.len() > 0);
+        if written {
+            if let Ok(t) = lego_rl::io::read_all::<Trajectory>(&traj, Default::default()) {
+                if !t.is_empty() {
+                    break t[0].clone();
+                }
+            }
         }
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    // Until vLLM's engine core is up too (API server, engine core, worker, watchdog), at most 3 min.
-    let until = Instant::now() + Duration::from_secs(180);
-    while members(&g).len() < 4 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(500));
-    }
-    let before = members(&g);
-    assert!(before.len() >= 2, "{before:?}");
+    };
+    assert_eq!(first.policy_version, 1, "{}", stderr());
+    let reload = &first.metadata["reload"];
+    eprintln!("rollout --follow on vllm-serve: reload {reload}");
+    assert_eq!(reload["verification"]["passed"], true, "{reload}");
+    // vllm-cpu's in-place MoE reload is wrong: rejected, and the server restarted on step 1.
+    assert_eq!(reload["restarts"], 1, "{reload}");
+    assert_eq!(reload["rejected"]["passed"], false, "{reload}");
+    assert!(first
+        .generations
+        .iter()
+        .all(|g| g.status.as_deref() == Some("ok")));
+    // SIGKILL while the next group runs: the watchdog takes the whole server group down. (The
+    // server now runs on step 1, where the restart put it; both paths are under `tmp`.)
+    let g = server_group(tmp.path()).expect("the server runs");
+    let before = group_members(&g);
+    assert!(before.len() >= 3, "{before:?}");
+    assert!(child.try_wait().unwrap().is_none(), "rollout still runs");
     child.kill().unwrap();
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !members(&g).is_empty() {
-        assert!(Instant::now() < deadline, "left behind: {:?}", members(&g));
+    while !group_members(&g).is_empty() {
+        assert!(Instant::now() < deadline, "left behind: {:?}", group_members(&g));
         std::thread::sleep(Duration::from_millis(250));
     }
+    // The killed run's sandboxes: what the next run with this output would remove first.
+    let run_id = lego_rl::rollout::default_run_id(&traj);
+    rt().block_on(async {
+        let engine = lego_rl::sandbox::Engine::connect().await.unwrap();
+        engine.sweep(Some(&run_id)).await.unwrap();
+    });
 }

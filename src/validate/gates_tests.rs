@@ -1,0 +1,178 @@
+//! Tests of [`super`] (kept apart: the gate table and its tests together exceed a file).
+use super::*;
+
+fn health_with(step: u64, infra: u64, of: u64) -> Health {
+    let mut h = Health::default();
+    h.steps.insert(
+        step,
+        StepHealth {
+            step,
+            trajectories: of,
+            infra_failures: infra,
+            ..Default::default()
+        },
+    );
+    h
+}
+
+#[test]
+fn gate_file_overrides_defaults_and_rejects_unknown_names() {
+    let mut cfg = GateConfig::default();
+    cfg.apply_toml(
+        "all_steps = true\ndisable = [\"expert_overlap\"]\n[thresholds]\nlogprob_pearson = 0.98\n",
+    )
+    .unwrap();
+    assert!(cfg.all_steps);
+    assert_eq!(cfg.thresholds["logprob_pearson"], 0.98);
+    assert!(!cfg.thresholds.contains_key("expert_overlap"));
+    let err = cfg.apply_toml("[thresholds]\nnope = 1\n").unwrap_err();
+    assert!(err.to_string().contains("unknown gate `nope`"), "{err}");
+    cfg.apply_flag("infra_failure_rate=0.5").unwrap();
+    assert_eq!(cfg.thresholds["infra_failure_rate"], 0.5);
+    cfg.apply_flag("infra_failure_rate=off").unwrap();
+    assert!(!cfg.thresholds.contains_key("infra_failure_rate"));
+    assert!(cfg.apply_flag("infra_failure_rate").is_err());
+}
+
+#[test]
+fn every_audit_kind_is_gated() {
+    let mut h = health_with(3, 0, 10);
+    let s = h.steps.get_mut(&3).expect("step");
+    s.audit.insert("outlived_agent".into(), 1);
+    s.audit.insert("grading_killed".into(), 1);
+    let g = judge(&h, &GateConfig::default());
+    for k in AUDIT_KINDS {
+        let gate = g.iter().find(|g| g.name == format!("{k}_rate"));
+        assert!(gate.is_some(), "no gate for audit kind {k}");
+    }
+    let by = |n: &str| g.iter().find(|g| g.name == n).expect("gate").clone();
+    assert_eq!(by("outlived_agent_rate").value, Some(0.1));
+    assert!(!by("outlived_agent_rate").passed, "0.1 > 0.05");
+    assert!(!by("grading_killed_rate").passed);
+    assert!(by("nested_repo_rate").passed);
+}
+
+#[test]
+fn latest_step_is_judged_unless_all_steps() {
+    let mut h = health_with(0, 5, 10);
+    h.steps.insert(
+        1,
+        StepHealth {
+            step: 1,
+            trajectories: 10,
+            infra_failures: 0,
+            ..Default::default()
+        },
+    );
+    let mut cfg = GateConfig::default();
+    let g = judge(&h, &cfg);
+    let infra = g.iter().find(|g| g.name == "infra_failure_rate").unwrap();
+    assert_eq!(infra.value, Some(0.0));
+    assert!(infra.passed);
+    cfg.all_steps = true;
+    let g = judge(&h, &cfg);
+    let infra = g.iter().find(|g| g.name == "infra_failure_rate").unwrap();
+    assert_eq!(infra.value, Some(0.5));
+    assert!(!infra.passed);
+    assert_eq!(infra.detail.as_deref(), Some("failing step 0: 0.5000"));
+    let pearson = g.iter().find(|g| g.name == "logprob_pearson").unwrap();
+    assert!(pearson.passed && pearson.value.is_none());
+}
+
+fn rewards(hits: u64, n: u64) -> RewardSum {
+    RewardSum {
+        n,
+        sum: hits as f64,
+        sq_sum: hits as f64,
+    }
+}
+
+fn with_train_rewards(hits: &[u64], per_step: u64) -> Health {
+    let mut h = Health::default();
+    for (i, &k) in hits.iter().enumerate() {
+        let r = rewards(k, per_step);
+        h.steps.insert(
+            i as u64,
+            StepHealth {
+                step: i as u64,
+                trajectories: per_step,
+                rewards: r,
+                ..Default::default()
+            },
+        );
+    }
+    h
+}
+
+fn gate<'a>(g: &'a [GateResult], name: &str) -> &'a GateResult {
+    g.iter().find(|g| g.name == name).unwrap()
+}
+
+#[test]
+fn heldout_collapse_fails_and_a_rise_passes() {
+    // Run 8 of examples/learn: 23/96 at the warm start, 2/96 after 25 GSPO steps.
+    let mut h = Health::default();
+    h.eval.insert(40, rewards(23, 96));
+    h.eval.insert(45, rewards(12, 24));
+    h.eval.insert(65, rewards(2, 96));
+    let g = judge(&h, &GateConfig::default());
+    let drop = gate(&g, "heldout_reward_drop");
+    let (a, b): (f64, f64) = (23.0 / 96.0, 2.0 / 96.0);
+    let want = (a - b) - 1.96 * (a * (1.0 - a) / 96.0 + b * (1.0 - b) / 96.0).sqrt();
+    assert!((drop.value.unwrap() - want).abs() < 1e-12, "{drop:?}");
+    assert!((want - 0.1287).abs() < 1e-3);
+    assert!(!drop.passed);
+    assert_eq!(
+        drop.detail.as_deref(),
+        Some("eval 40: 0.240 (n=96) -> eval 65: 0.021 (n=96)")
+    );
+    // Run 7: 40/96 -> 64/96.
+    h.eval.clear();
+    h.eval.insert(40, rewards(40, 96));
+    h.eval.insert(66, rewards(64, 96));
+    let drop = gate(&judge(&h, &GateConfig::default()), "heldout_reward_drop").clone();
+    assert!(drop.passed && drop.value.unwrap() < 0.0, "{drop:?}");
+    // One evaluation: nothing to compare.
+    h.eval.remove(&66);
+    let drop = gate(&judge(&h, &GateConfig::default()), "heldout_reward_drop").clone();
+    assert!(drop.passed && drop.value.is_none());
+    assert_eq!(drop.detail.as_deref(), Some("not measured"));
+}
+
+#[test]
+fn train_reward_drop_compares_first_and_latest_windows() {
+    // Run 8's train batches (of 24): a fall too small to be told from noise.
+    let run8 = [
+        7, 3, 0, 2, 2, 1, 4, 1, 0, 1, 3, 3, 5, 3, 7, 7, 5, 4, 3, 2, 3, 1, 3, 0, 1,
+    ];
+    let g = judge(&with_train_rewards(&run8, 24), &GateConfig::default());
+    let drop = gate(&g, "train_reward_drop");
+    let (a, b): (f64, f64) = (14.0 / 120.0, 8.0 / 120.0);
+    let want = (a - b) - 1.96 * (a * (1.0 - a) / 120.0 + b * (1.0 - b) / 120.0).sqrt();
+    assert!((drop.value.unwrap() - want).abs() < 1e-12, "{drop:?}");
+    assert!(drop.passed);
+    assert_eq!(
+        drop.detail.as_deref(),
+        Some("steps 0-4: 0.117 (n=120) -> steps 20-24: 0.067 (n=120)")
+    );
+    // A collapse: half the batch solved, then almost nothing.
+    let collapse = [12, 12, 11, 13, 12, 6, 3, 1, 1, 0, 1];
+    let drop = gate(
+        &judge(&with_train_rewards(&collapse, 24), &GateConfig::default()),
+        "train_reward_drop",
+    )
+    .clone();
+    assert!(!drop.passed && drop.value.unwrap() > 0.3, "{drop:?}");
+    // Fewer than two windows of steps: not measured; and the gate can be switched off.
+    let mut cfg = GateConfig::default();
+    let drop = gate(
+        &judge(&with_train_rewards(&collapse[..9], 24), &cfg),
+        "train_reward_drop",
+    )
+    .clone();
+    assert!(drop.passed && drop.value.is_none());
+    cfg.apply_flag("train_reward_drop=off").unwrap();
+    assert!(judge(&with_train_rewards(&collapse, 24), &cfg)
+        .iter()
+        .all(|g| g.name != "train_reward_drop"));
+}
