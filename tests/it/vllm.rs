@@ -472,3 +472,50 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
         engine.sweep(Some(&run_id)).await.unwrap();
     });
 }
+
+#[test]
+fn through_the_proxy_an_overflow_is_context_limit_and_max_tokens_is_capped_and_recorded() {
+    use lego_rl::chat::ChatFormat;
+    use lego_rl::proxy::{Proxy, ProxyConfig};
+    use lego_rl::records::CONTEXT_LIMIT;
+    use serde_json::json;
+
+    let server = shared();
+    rt().block_on(async {
+        let backend = std::sync::Arc::new(VllmBackend::connect(&server.url()).await.unwrap());
+        let chat = ChatFormat::from_parts(
+            &hd32().join("tokenizer.json"),
+            &hd32().join("tokenizer_config.json"),
+            None,
+        )
+        .unwrap();
+        let mut cfg = ProxyConfig::default();
+        cfg.sampling.max_tokens = Some(4096);
+        let proxy = Proxy::new(std::sync::Arc::new(chat), backend, cfg);
+        let (addr, _) = proxy.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let (token, trial) = proxy.register_trial("ctx/0/0");
+        let url = format!("http://{addr}/t/{token}/v1/chat/completions");
+        let ask = |words: usize, max_tokens: u32| {
+            json!({"model": "m", "max_tokens": max_tokens,
+                   "messages": [{"role": "user", "content": "hello ".repeat(words)}]})
+        };
+        let client = reqwest::Client::new();
+        // Over vLLM's max_model_len (2048, read from /v1/models): the provider's refusal.
+        let r = client.post(&url).json(&ask(2100, 16)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("2048"), "{v}");
+        // Fits, but not with its max_tokens: served with what fits, and said.
+        let r = client.post(&url).json(&ask(1950, 400)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+        let g = trial.generations();
+        assert_eq!(g[0].status.as_deref(), Some(CONTEXT_LIMIT));
+        let capped = &g[1].extra["max_tokens_capped"];
+        let served = capped["served"].as_u64().unwrap() as usize;
+        assert_eq!(capped["requested"], 400, "{capped}");
+        assert_eq!(served, 2048 - g[1].prompt_ids.len(), "{capped}");
+        assert!(g[1].output_ids.len() <= served);
+        assert_eq!(g[1].status.as_deref(), Some("ok"), "{:?}", g[1].error);
+    });
+}
