@@ -84,6 +84,12 @@ fn forced() -> PathBuf {
 
 /// `lego-rl rollout` on the fixture with mini-swe-agent and the forced scripts.
 fn rollout_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let backend = format!("embedded:{}", tiny_moe().display());
+    rollout_args_on(&backend, &chat_dir(), out, extra)
+}
+
+/// [`rollout_args`] on another backend and chat model directory.
+pub(crate) fn rollout_args_on(backend: &str, chat: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
     let fx = fixture();
     let mut a: Vec<String> = vec![
         "rollout".into(),
@@ -97,9 +103,9 @@ fn rollout_args(out: &Path, extra: &[&str]) -> Vec<String> {
             .display()
             .to_string(),
         "--backend".into(),
-        format!("embedded:{}", tiny_moe().display()),
+        backend.into(),
         "--chat-model".into(),
-        chat_dir().display().to_string(),
+        chat.display().to_string(),
         "--forced".into(),
         forced().display().to_string(),
         "--max-turns".into(),

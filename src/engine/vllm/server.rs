@@ -127,7 +127,9 @@ impl VllmServer {
     }
 
     /// Stops the server and starts a fresh one on `checkpoint`, on the same port.
+    /// A path without a checkpoint is refused before the running server is stopped.
     pub async fn restart(&self, checkpoint: &Path) -> Result<(), EngineError> {
+        check_checkpoint(checkpoint)?;
         if let Some(r) = self.lock().take() {
             stop(r.child);
         }
@@ -139,12 +141,7 @@ impl VllmServer {
     }
 
     async fn launch(&self, checkpoint: &Path) -> Result<(), EngineError> {
-        if !checkpoint.join("config.json").is_file() {
-            return Err(failed(format!(
-                "{} is not a checkpoint (no config.json)",
-                checkpoint.display()
-            )));
-        }
+        check_checkpoint(checkpoint)?;
         let checkpoint =
             std::path::absolute(checkpoint).map_err(|e| failed(format!("{}: {e}", checkpoint.display())))?;
         let args = self.server_args(&checkpoint)?;
@@ -320,6 +317,17 @@ fn stop(mut child: Child) {
     // SAFETY: as above.
     unsafe { libc::kill(-group, libc::SIGKILL) };
     let _ = child.wait();
+}
+
+fn check_checkpoint(dir: &Path) -> Result<(), EngineError> {
+    if dir.join("config.json").is_file() {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "{} is not a checkpoint (no config.json)",
+            dir.display()
+        )))
+    }
 }
 
 fn free_port() -> Result<u16, EngineError> {

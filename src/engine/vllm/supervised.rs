@@ -73,6 +73,9 @@ pub struct Verifier {
     device: tch::Device,
     /// The largest difference that passes, once known.
     tolerance: Mutex<Option<f64>>,
+    /// The last checkpoint's reference log-probs: a reload that restarts checks the same
+    /// checkpoint twice, and loading it is the expensive part.
+    reference: tokio::sync::Mutex<Option<(PathBuf, Vec<f32>)>>,
 }
 
 impl Verifier {
@@ -81,45 +84,43 @@ impl Verifier {
         Verifier {
             device,
             tolerance: Mutex::new(tolerance),
+            reference: tokio::sync::Mutex::new(None),
         }
     }
 
     /// Measures a server known to serve `dir` (fresh) and sets the tolerance from it, unless
     /// one was given.
     pub async fn calibrate(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
-        let delta = self.delta(client, dir).await?;
-        let tol = *self
+        let (tokens, max_abs_delta) = self.delta(client, dir).await?;
+        let tolerance = *self
             .tolerance
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert((TOLERANCE_FACTOR * delta.1).max(TOLERANCE_FLOOR));
-        Ok(Verification {
-            tokens: delta.0,
-            max_abs_delta: delta.1,
-            tolerance: tol,
-            passed: delta.1 <= tol,
-        })
+            .get_or_insert((TOLERANCE_FACTOR * max_abs_delta).max(TOLERANCE_FLOOR));
+        Ok(Verification::new(tokens, max_abs_delta, tolerance))
     }
 
     /// Whether the server now serves `dir`'s weights.
     pub async fn check(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
-        let tol = self
+        let tolerance = self
             .tolerance
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .unwrap_or(TOLERANCE_FLOOR);
         let (tokens, max_abs_delta) = self.delta(client, dir).await?;
-        Ok(Verification {
-            tokens,
-            max_abs_delta,
-            tolerance: tol,
-            passed: max_abs_delta <= tol,
-        })
+        Ok(Verification::new(tokens, max_abs_delta, tolerance))
     }
 
     async fn delta(&self, client: &VllmBackend, dir: &Path) -> Result<(usize, f64), EngineError> {
         let served = client.generate(probe_request()).await?.logprobs;
-        let reference = reference_logprobs(dir, self.device).await?;
+        let mut cached = self.reference.lock().await;
+        let reference = match cached.as_ref() {
+            Some((d, r)) if d == dir => r,
+            _ => {
+                let r = reference_logprobs(dir, self.device).await?;
+                &cached.insert((dir.to_path_buf(), r)).1
+            }
+        };
         if served.len() != reference.len() {
             return Err(failed(format!(
                 "probe: the server scored {} tokens, the checkpoint {}",
@@ -129,10 +130,31 @@ impl Verifier {
         }
         let max = served
             .iter()
-            .zip(&reference)
+            .zip(reference)
             .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
             .fold(0.0, f64::max);
         Ok((served.len(), max))
+    }
+}
+
+impl Verification {
+    fn new(tokens: usize, max_abs_delta: f64, tolerance: f64) -> Self {
+        Verification {
+            tokens,
+            max_abs_delta,
+            tolerance,
+            passed: max_abs_delta <= tolerance,
+        }
+    }
+
+    /// Why a reload that measured this does not serve `dir`.
+    fn mismatch(&self, dir: &Path) -> String {
+        format!(
+            "the reloaded weights do not serve {}: max |Δ log-prob| {:.3e} > {:.3e}",
+            dir.display(),
+            self.max_abs_delta,
+            self.tolerance
+        )
     }
 }
 
@@ -233,12 +255,7 @@ impl SupervisedVllm {
                         ..Default::default()
                     });
                 }
-                let why = format!(
-                    "the reloaded weights do not serve {}: max |Δ log-prob| {:.3e} > {:.3e}",
-                    dir.display(),
-                    v.max_abs_delta,
-                    v.tolerance
-                );
+                let why = v.mismatch(&dir);
                 rejected = Some(v);
                 why
             }
@@ -313,12 +330,9 @@ impl Backend for VerifiedVllm {
                 return Err(EngineError::Failed {
                     backend: "vllm",
                     msg: format!(
-                        "the reloaded weights do not serve {}: max |Δ log-prob| {:.3e} > {:.3e}; \
-                         restart the server on that checkpoint (an in-place reload of MoE weights \
-                         is wrong on some vLLM builds)",
-                        dir.display(),
-                        v.max_abs_delta,
-                        v.tolerance
+                        "{}; restart the server on that checkpoint (an in-place reload of MoE \
+                         weights is wrong on some vLLM builds)",
+                        v.mismatch(&dir)
                     ),
                 });
             }
