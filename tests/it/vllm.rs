@@ -303,13 +303,20 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
         let healed = b.generate(req).await.unwrap();
         assert_eq!(b.server().starts(), starts + 1);
         assert_eq!(healed.logprobs.len(), 24);
-        // A path without a checkpoint: an error, and nothing serves.
+        // A path without a checkpoint: an error before the server is touched; the server is
+        // neither paused nor stopped (rollout stops on the error).
+        let starts = b.server().starts();
         let err = b
             .reload(&tmp.path().join("missing"))
             .await
             .unwrap_err()
             .to_string();
-        assert!(err.contains("missing"), "{err}");
+        assert!(
+            err.contains("missing") && err.contains("is not a checkpoint"),
+            "{err}"
+        );
+        assert!(b.server().alive());
+        assert_eq!(b.server().starts(), starts);
     });
 }
 
