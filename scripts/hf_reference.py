@@ -5,7 +5,11 @@ Loads CKPT with transformers' own Qwen3 / Qwen3-MoE classes (float32, CPU, eager
 runs each sequence of IDS_JSON (``{"sequences": [{"name", "input_ids"}]}``) and writes
 ``next_token_logprobs[t] = log_softmax(logits[t])[ids[t+1]]`` and, for MoE models, the router's
 top-k expert ids per MoE layer and position (``topk_experts[layer][pos]``, descending
-probability) to OUT. Used by lego-rl's tests to prove that checkpoints lego-rl writes load in
+probability) to OUT. A sequence with ``"sampling": {"temperature", "top_k", "top_p"}`` also gets
+``processed_logprobs[t]``: the log-prob of ``ids[t+1]`` under the distribution a sampler with
+those settings draws from, computed with transformers' own logits warpers (temperature, then
+top-k, then top-p: generate()'s order), i.e. log_softmax(logits / T) renormalised over the kept
+tokens (``null`` for a token outside them). Used by lego-rl's tests to prove that checkpoints lego-rl writes load in
 transformers and compute the same function, and by make_tiny_models.py.
 
 Usage: hf_reference.py CKPT IDS_JSON OUT [CKPT IDS_JSON OUT ...]
@@ -16,6 +20,24 @@ import sys
 
 import torch
 import transformers
+
+
+def warp(scores, sampling):
+    """Applies transformers' temperature, top-k and top-p warpers to ``[N, V]`` scores."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = [TemperatureLogitsWarper(float(sampling.get("temperature", 1.0)))]
+    if sampling.get("top_k"):
+        warpers.append(TopKLogitsWarper(int(sampling["top_k"])))
+    if sampling.get("top_p", 1.0) < 1.0:
+        warpers.append(TopPLogitsWarper(float(sampling["top_p"])))
+    for w in warpers:
+        scores = w(None, scores)
+    return scores
 
 
 def reference(ckpt, sequences):
@@ -49,6 +71,12 @@ def reference(ckpt, sequences):
             "next_token_logprobs": lp.tolist(),
             "logits_last3_first16": logits[-3:, :16].tolist(),
         }
+        if seq.get("sampling"):
+            warped = warp(logits[:-1], seq["sampling"])
+            plsm = torch.log_softmax(warped, dim=-1)
+            lp_proc = plsm.gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1).tolist()
+            # A prompt token outside the support has probability 0: null (JSON has no -inf).
+            rec["processed_logprobs"] = [x if x > float("-inf") else None for x in lp_proc]
         if moe:
             rec["topk_experts"] = [c.tolist() for c in captured]
         out.append(rec)

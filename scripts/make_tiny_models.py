@@ -23,6 +23,7 @@ so concurrent runs or a crash never leave a half-written OUT.
 Usage: make_tiny_models.py [OUT]   (default: all five under testdata/models/generated)
 """
 import filecmp
+import json
 import os
 import random
 import shutil
@@ -267,6 +268,18 @@ BUILDERS = {
 TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "tokenizer", "qwen3")
 
 
+# Qwen3-30B-A3B's generation_config.json (Hugging Face, Qwen/Qwen3-30B-A3B).
+QWEN3_GENERATION_CONFIG = {
+    "bos_token_id": 151643,
+    "do_sample": True,
+    "eos_token_id": [151645, 151643],
+    "pad_token_id": 151643,
+    "temperature": 0.6,
+    "top_k": 20,
+    "top_p": 0.95,
+}
+
+
 def add_tokenizer(out, name):
     """Copies the real Qwen3 tokenizer and chat template in, as a published checkpoint has them
     (rollout's embedded backend reads them from the checkpoint; train-step copies them on). The
@@ -284,6 +297,14 @@ def add_tokenizer(out, name):
         if stale or not os.path.isfile(dst):
             shutil.copyfile(src, dst + ".tmp")
             os.rename(dst + ".tmp", dst)
+    # The vLLM tests' checkpoint carries Qwen3's published sampling defaults, as the real ones
+    # do, in place of the empty one save_pretrained writes: vLLM applies them to any request
+    # that leaves a field out (lego-rl's client sends all).
+    gen = os.path.join(out, "generation_config.json")
+    if name == "tiny-qwen3-moe-hd32" and "top_k" not in (open(gen).read() if os.path.isfile(gen) else ""):
+        with open(gen + ".tmp", "w") as f:
+            json.dump(QWEN3_GENERATION_CONFIG, f, indent=2)
+        os.rename(gen + ".tmp", gen)
 
 
 def main():

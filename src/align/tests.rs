@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::chat::{Conversation, Message, Role};
-use crate::records::{Generation, Packed, Sample, Termination};
+use crate::records::{Generation, Packed, Sample, Sampling, SamplingRun, Termination};
 
 fn trajectory(generations: Vec<Generation>) -> Trajectory {
     Trajectory {
@@ -409,4 +409,76 @@ fn a_turn_cut_at_a_stop_string_links_by_the_text_the_client_was_given() {
     assert_eq!((stats.aligned_turns, stats.dropped_turns), (2, 0));
     assert_eq!(stats.tool_call_mismatches, 0);
     assert!(stats.segment_breaks.is_empty(), "{:?}", stats.segment_breaks);
+}
+
+/// A sample's sampling runs follow its generations' processed sampling (the model's own
+/// distribution at first is left out, a change starts a run); a tempered turn whose log-probs are
+/// the model's own, and a greedy one, are dropped and counted rather than trained as if sampled.
+#[test]
+fn sampling_runs_follow_the_generations_and_unfaithful_log_probs_are_dropped() {
+    let sys = json!({"role": "system", "content": "s"});
+    let user = json!({"role": "user", "content": "u"});
+    let a0 = json!({"role": "assistant", "content": "first"});
+    let a1 = json!({"role": "assistant", "content": "second"});
+    let tempered = |t: f64, top_p: Option<f64>| Sampling {
+        temperature: Some(t),
+        top_p,
+        ..Default::default()
+    };
+    let g0 = generation(
+        0,
+        "openai",
+        chat_request(json!([sys, user])),
+        vec![1, 2],
+        vec![10, 11],
+        vec![],
+    );
+    let mut g1 = generation(
+        1,
+        "openai",
+        chat_request(json!([sys, user, a0, {"role": "user", "content": "x"}])),
+        vec![1, 2, 10, 11, 5],
+        vec![20, 21, 22],
+        vec![],
+    );
+    g1.sampling = tempered(0.5, Some(0.9));
+    g1.processed_logprobs = true;
+    let mut g2 = generation(
+        2,
+        "openai",
+        chat_request(
+            json!([sys, user, a0, {"role": "user", "content": "x"}, a1, {"role": "user", "content": "y"}]),
+        ),
+        vec![1, 2, 10, 11, 5, 20, 21, 22, 6],
+        vec![30],
+        vec![],
+    );
+    g2.sampling = tempered(1.0, None);
+    let (samples, stats) = align(&trajectory(vec![g0.clone(), g1.clone(), g2.clone()]));
+    assert_eq!(samples.len(), 1, "{stats:?}");
+    let run = |start, temperature, top_p| SamplingRun {
+        start,
+        temperature,
+        top_k: 0,
+        top_p,
+    };
+    // Policy tokens: g0's 2, g1's 3, g2's 1.
+    assert_eq!(samples[0].sampling, vec![run(2, 0.5, 0.9), run(5, 1.0, 1.0)]);
+
+    // The same tempered turn with the model's own log-probs, and a greedy one: dropped.
+    g1.processed_logprobs = false;
+    g2.sampling = tempered(0.0, None);
+    let (samples, stats) = align(&trajectory(vec![g0, g1, g2]));
+    assert_eq!(
+        stats.dropped_by_reason.get("logprobs_not_of_sampling"),
+        Some(&1),
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.dropped_by_reason.get("greedy_decoding"),
+        Some(&1),
+        "{stats:?}"
+    );
+    assert_eq!(stats.aligned_turns, 1);
+    assert!(samples.iter().all(|s| s.sampling.is_empty()));
 }

@@ -22,7 +22,9 @@ use serde_json::{json, Value};
 use super::messages::{common_prefix, link, same_message, Link};
 use super::{AlignError, Settings};
 use crate::chat::{Conversation, Message, Role, ToolCallIds};
-use crate::records::{AlignStats, Generation, LossMask, Packed, Record, Sample, Trajectory, CONTEXT_LIMIT};
+use crate::records::{
+    AlignStats, Generation, LossMask, Packed, Record, Sample, SamplingRun, Trajectory, CONTEXT_LIMIT,
+};
 
 /// A generation's recorded routing, decoded.
 struct Routing {
@@ -209,6 +211,14 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             drop_turn(&mut stats, "empty_output", 0);
             continue;
         }
+        // The recorded log-probs must be the behaviour policy's: greedy decoding has none, and a
+        // tempered or truncated sampling whose engine recorded the model's own log-probs (SGLang,
+        // vLLM without `--logprobs-mode processed_logprobs`, forced tokens on vLLM) has the wrong
+        // ones. Neither is guessed.
+        if let Some(reason) = unfaithful_sampling(g) {
+            drop_turn(&mut stats, reason, g.output_ids.len());
+            continue;
+        }
         if g.prompt_ids.is_empty() {
             return Err(bad(t, pos, "prompt_ids", "empty for a generation with output"));
         }
@@ -386,6 +396,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
         stats.token_exact_samples += 1;
         let mut mask = vec![false; tokens.len()];
         let mut lps = Vec::new();
+        let mut sampling: Vec<SamplingRun> = Vec::new();
         let mut trained_here = Vec::new();
         for &k in &path {
             if trained[k] {
@@ -395,6 +406,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             let n = &nodes[k];
             let p = n.g.prompt_ids.len();
             mask[p..n.seq_len()].fill(true);
+            push_run(&mut sampling, SamplingRun::of(&n.g.sampling, lps.len() as u32));
             lps.extend_from_slice(&n.logprobs);
             trained_here.push(n.g.index);
             stats.aligned_turns += 1;
@@ -431,6 +443,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             token_ids: tokens,
             loss_mask: LossMask::from_dense(&mask),
             rollout_logprobs: Packed::f32_vec(&lps),
+            sampling,
             routing,
             reward: t.reward.unwrap_or(0.0),
             weight,
@@ -441,6 +454,28 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
     stats.segments = samples.len() as u64;
     stats.samples = samples.len() as u64;
     Ok((samples, stats))
+}
+
+/// Why a generation's log-probs are not those of the distribution its tokens were drawn from
+/// (a drop reason), or `None` when they are.
+fn unfaithful_sampling(g: &Generation) -> Option<&'static str> {
+    if g.sampling.is_greedy() {
+        Some("greedy_decoding")
+    } else if g.sampling.is_processed() && !g.processed_logprobs {
+        Some("logprobs_not_of_sampling")
+    } else {
+        None
+    }
+}
+
+/// Appends `run` to a sample's sampling runs where the distribution changes; runs of the model's
+/// own distribution before the first processed one are left out (the default).
+fn push_run(runs: &mut Vec<SamplingRun>, run: SamplingRun) {
+    match runs.last() {
+        Some(last) if last.same_distribution(&run) => {}
+        None if run.is_model() => {}
+        _ => runs.push(run),
+    }
 }
 
 /// Routing rows for positions 0..T−1 (the last token is never forwarded), each from the deepest

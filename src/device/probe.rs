@@ -137,6 +137,8 @@ fn to_sample(index: usize, req: &GenerateRequest, out: GenerateOutput) -> Result
         token_ids: tokens,
         loss_mask: LossMask::from_dense(&mask),
         rollout_logprobs: Packed::f32_vec(&out.logprobs),
+        // Temperature 1 over the whole vocabulary: the model's own distribution.
+        sampling: Vec::new(),
         routing,
         reward: if index % 2 == 0 { 1.0 } else { 0.0 },
         weight: 1.0,

@@ -92,6 +92,10 @@ pub struct GenerateOutput {
     /// Prompt tokens the backend served from its prefix cache instead of computing them, when
     /// it says (the embedded engine always does).
     pub cached_tokens: Option<usize>,
+    /// Whether `logprobs` are of the distribution the request's sampling drew from, tempered
+    /// and renormalised over its top-k / top-p support (`Generation::processed_logprobs`),
+    /// rather than the model's own. Only meaningful when that sampling is processed.
+    pub processed_logprobs: bool,
 }
 
 /// What a backend's prefix cache has done so far (the embedded engine's; see

@@ -23,7 +23,11 @@ fn copy_into(t: &Tensor, buf: &mut Vec<f32>) {
 }
 
 /// Samples the next token of `req` from its next-token logits (`row`, a CPU float tensor, and
-/// their logsumexp `lse`) with `rng`.
+/// their logsumexp `lse`) with `rng`; returns it with its log-prob under the distribution it was
+/// drawn from when that is not the model's own (see [`forced_logprob`]): tempered, and
+/// renormalised over the top-k / top-p support. `None`: the model's own distribution
+/// (temperature 1, the whole vocabulary) or greedy decoding, whose log-prob the caller takes
+/// from the row.
 ///
 /// Only what the choice needs leaves libtorch: the vectorized argmax for greedy decoding, the
 /// tempered softmax for plain temperature sampling, the whole log-softmax row only for top-k /
@@ -34,18 +38,46 @@ pub(super) fn choose(
     lse: f32,
     rng: &mut rand::rngs::StdRng,
     scratch: &mut Scratch,
-) -> u32 {
+) -> (u32, Option<f32>) {
     match plain_temperature(req) {
         Some(t) => {
             // Vectorized by libtorch: a scalar `exp` per vocabulary entry in Rust cost more
             // than the LM head itself. softmax(logp / T) = softmax(logits / T).
             copy_into(&(row / f64::from(t)).softmax(-1, Kind::Float), &mut scratch.probs);
-            sample_probs(&scratch.probs, rng)
+            let next = sample_probs(&scratch.probs, rng);
+            (next, (t != 1.0).then(|| scratch.probs[next as usize].ln()))
         }
-        None if is_greedy(req) => row.argmax(0, false).int64_value(&[]) as u32,
+        None if is_greedy(req) => (row.argmax(0, false).int64_value(&[]) as u32, None),
         None => {
             copy_into(&(row - f64::from(lse)), &mut scratch.logp);
-            sample(&scratch.logp, req, rng)
+            let (next, logprob) = sample(&scratch.logp, req, rng);
+            (next, Some(logprob))
+        }
+    }
+}
+
+/// The log-prob of a forced `token` under the distribution `req` samples from, when that is not
+/// the model's own (`None`, as for [`choose`]). Its support is the sampler's plus `token`: a
+/// scripted token outside the top-k / top-p support would otherwise have probability 0, and the
+/// trainer recomputes every recorded token with the same rule (src/model/sampled.rs).
+pub(super) fn forced_logprob(
+    req: &GenerateRequest,
+    row: &Tensor,
+    lse: f32,
+    token: u32,
+    scratch: &mut Scratch,
+) -> Option<f32> {
+    if !req.sampling.is_processed() || (token as i64) >= row.size()[0] {
+        return None;
+    }
+    match plain_temperature(req) {
+        Some(t) => {
+            let lsm = (row / f64::from(t)).log_softmax(-1, Kind::Float);
+            Some(lsm.double_value(&[token as i64]) as f32)
+        }
+        None => {
+            copy_into(&(row - f64::from(lse)), &mut scratch.logp);
+            Some(Support::of(&scratch.logp, req).logprob_of(token, &scratch.logp))
         }
     }
 }
@@ -76,41 +108,88 @@ fn is_greedy(req: &GenerateRequest) -> bool {
     req.sampling.temperature.unwrap_or(1.0) as f32 <= 1e-6
 }
 
+/// The candidates a top-k / top-p sampler draws from: the tempered log-probs, the most likely
+/// `keep` first (sorted), with the softmax's `max` and normalizer `total` over the top-k.
+struct Support {
+    cand: Vec<(u32, f32)>,
+    keep: usize,
+    max: f32,
+    total: f32,
+    temperature: f32,
+    /// Probability of each kept candidate (over the top-k) and their sum.
+    probs: Vec<f32>,
+    kept: f32,
+}
+
+impl Support {
+    fn of(logp: &[f32], req: &GenerateRequest) -> Support {
+        let s = &req.sampling;
+        let temperature = s.temperature.unwrap_or(1.0) as f32;
+        let mut cand: Vec<(u32, f32)> = logp
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l / temperature))
+            .collect();
+        if let Some(k) = s.top_k.map(|k| k as usize).filter(|&k| k > 0 && k < cand.len()) {
+            cand.select_nth_unstable_by(k - 1, desc);
+            cand.truncate(k);
+        }
+        let (max, total) = softmax_norm(&cand);
+        let keep = match s.top_p.filter(|&p| p < 1.0) {
+            Some(top_p) => nucleus(&mut cand, max, total, top_p as f32),
+            None => {
+                cand.sort_unstable_by(desc);
+                cand.len()
+            }
+        };
+        let probs: Vec<f32> = cand[..keep].iter().map(|c| (c.1 - max).exp() / total).collect();
+        let kept = probs.iter().sum();
+        Support {
+            cand,
+            keep,
+            max,
+            total,
+            temperature,
+            probs,
+            kept,
+        }
+    }
+
+    /// Index (into the kept candidates) of one draw.
+    fn draw(&self, rng: &mut impl Rng) -> usize {
+        let mut u: f32 = rng.gen::<f32>() * self.kept;
+        for (i, p) in self.probs.iter().enumerate() {
+            if u < *p {
+                return i;
+            }
+            u -= p;
+        }
+        self.keep - 1
+    }
+
+    /// Log-prob of `token` renormalised over the support plus `token` (`logp`: the untempered
+    /// row the support was made from).
+    fn logprob_of(&self, token: u32, logp: &[f32]) -> f32 {
+        match self.cand[..self.keep].iter().position(|c| c.0 == token) {
+            Some(i) => (self.probs[i] / self.kept).ln(),
+            None => {
+                let p = (logp[token as usize] / self.temperature - self.max).exp() / self.total;
+                (p / (self.kept + p)).ln()
+            }
+        }
+    }
+}
+
 /// Greedy, or top-k / top-p sampling over the most likely candidates, sorted (plain temperature
-/// sampling is [`sample_probs`]).
-fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> u32 {
+/// sampling is [`sample_probs`]); returns the token and its log-prob renormalised over the
+/// support (0 for greedy).
+fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> (u32, f32) {
     if is_greedy(req) {
-        return argmax(logp);
+        return (argmax(logp), 0.0);
     }
-    let s = &req.sampling;
-    let temperature = s.temperature.unwrap_or(1.0) as f32;
-    let mut cand: Vec<(u32, f32)> = logp
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l / temperature))
-        .collect();
-    if let Some(k) = s.top_k.map(|k| k as usize).filter(|&k| k > 0 && k < cand.len()) {
-        cand.select_nth_unstable_by(k - 1, desc);
-        cand.truncate(k);
-    }
-    let (max, total) = softmax_norm(&cand);
-    let keep = match s.top_p.filter(|&p| p < 1.0) {
-        Some(top_p) => nucleus(&mut cand, max, total, top_p as f32),
-        None => {
-            cand.sort_unstable_by(desc);
-            cand.len()
-        }
-    };
-    let probs: Vec<f32> = cand[..keep].iter().map(|c| (c.1 - max).exp() / total).collect();
-    let kept: f32 = probs.iter().sum();
-    let mut u: f32 = rng.gen::<f32>() * kept;
-    for (i, p) in probs.iter().enumerate() {
-        if u < *p {
-            return cand[i].0;
-        }
-        u -= p;
-    }
-    cand[keep - 1].0
+    let support = Support::of(logp, req);
+    let i = support.draw(rng);
+    (support.cand[i].0, (support.probs[i] / support.kept).ln())
 }
 
 /// The largest logit and `sum(exp(logit - max))`, the softmax's normalizer (summed in f64: the
@@ -299,19 +378,62 @@ mod sampling_tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         // top-k 2: the two most likely, renormalised (1 degree of freedom: 10.83).
         let req = request(1.0, Some(2), None);
-        let chi2 = chi_square(|| sample(&logp, &req, &mut rng), &target(1.0, 2));
+        let chi2 = chi_square(|| sample(&logp, &req, &mut rng).0, &target(1.0, 2));
         assert!(chi2 < 10.83, "top-k: chi-square {chi2}");
         // top-p 0.8: the smallest prefix reaching 0.8 is 0.5 + 0.25 + 0.125.
         let req = request(1.0, None, Some(0.8));
-        let chi2 = chi_square(|| sample(&logp, &req, &mut rng), &target(1.0, 3));
+        let chi2 = chi_square(|| sample(&logp, &req, &mut rng).0, &target(1.0, 3));
         assert!(chi2 < 13.82, "top-p: chi-square {chi2}");
         // Temperature before truncation: at T=2 the weights flatten to .343 .243 .172 .121 .121,
         // so top-p 0.8 keeps four.
         let req = request(2.0, None, Some(0.8));
-        let chi2 = chi_square(|| sample(&logp, &req, &mut rng), &target(2.0, 4));
+        let chi2 = chi_square(|| sample(&logp, &req, &mut rng).0, &target(2.0, 4));
         assert!(chi2 < 16.27, "T=2, top-p: chi-square {chi2}");
         // Temperature 0 is greedy.
         let req = request(0.0, None, None);
-        assert!((0..1000).all(|_| sample(&logp, &req, &mut rng) == 0));
+        assert!((0..1000).all(|_| sample(&logp, &req, &mut rng).0 == 0));
+    }
+
+    /// The log-prob recorded with each draw is that of the distribution drawn from: tempered,
+    /// renormalised over the support; a forced token outside the support is scored over the
+    /// support plus itself; the model's own distribution records nothing (the caller's raw
+    /// log-prob).
+    #[test]
+    fn recorded_logprobs_are_those_of_the_distribution_drawn_from() {
+        let logp = logp();
+        let row = Tensor::from_slice(&logp);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let mut scratch = Scratch::default();
+        // T=2, top-p 0.8: four tokens kept (see above).
+        let req = request(2.0, None, Some(0.8));
+        let q = target(2.0, 4);
+        for _ in 0..50 {
+            let (next, lp) = choose(&req, &row, 0.0, &mut rng, &mut scratch);
+            let want = q[next as usize].ln();
+            assert!(
+                (f64::from(lp.unwrap()) - want).abs() < 1e-5,
+                "{next}: {lp:?} vs {want}"
+            );
+            let forced = forced_logprob(&req, &row, 0.0, next, &mut scratch).unwrap();
+            assert!((f64::from(forced) - want).abs() < 1e-5);
+        }
+        // Token 4 is outside the nucleus (it ties with 3, which the id order puts first): scored
+        // over the four kept plus itself.
+        let w: Vec<f64> = P.iter().map(|p| p.powf(0.5)).collect();
+        let want = (w[4] / (w[0] + w[1] + w[2] + w[3] + w[4])).ln();
+        let got = forced_logprob(&request(2.0, None, Some(0.8)), &row, 0.0, 4, &mut scratch).unwrap();
+        assert!((f64::from(got) - want).abs() < 1e-5, "{got} vs {want}");
+        // Plain temperature: log-softmax(logits / T).
+        let req = request(0.5, None, None);
+        let q = target(0.5, P.len());
+        let (next, lp) = choose(&req, &row, 0.0, &mut rng, &mut scratch);
+        assert!((f64::from(lp.unwrap()) - q[next as usize].ln()).abs() < 1e-5);
+        let got = forced_logprob(&req, &row, 0.0, 3, &mut scratch).unwrap();
+        assert!((f64::from(got) - q[3].ln()).abs() < 1e-5);
+        // The model's own distribution and greedy decoding: nothing recorded here.
+        for req in [request(1.0, None, None), request(0.0, None, None)] {
+            assert_eq!(choose(&req, &row, 0.0, &mut rng, &mut scratch).1, None);
+            assert_eq!(forced_logprob(&req, &row, 0.0, 1, &mut scratch), None);
+        }
     }
 }

@@ -121,6 +121,8 @@ impl SglangBackend {
                 .unwrap_or_else(|| start.elapsed().as_secs_f64()),
             // The radix cache's share of the prompt.
             cached_tokens: meta["cached_tokens"].as_u64().map(|n| n as usize),
+            // SGLang returns the model's own log-probs; align drops tempered or truncated turns.
+            processed_logprobs: false,
         })
     }
 

@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::embedded::{Counters, EngineOptions, Msg, Reply, NAME};
 use super::prefix_cache::PrefixCache;
-use super::sampling::{choose, Scratch};
+use super::sampling::{choose, forced_logprob, Scratch};
 use super::{EngineError, FinishReason, GenerateOutput, GenerateRequest, Routing, SampledToken, TokenSink};
 use crate::chat::stop::StopStrings;
 use crate::chat::{ChatTokenizer, IncrementalDecoder};
@@ -197,6 +197,7 @@ impl Seq {
             finish_reason: self.finish.unwrap_or(FinishReason::Other),
             seconds: self.start.elapsed().as_secs_f64(),
             cached_tokens: Some(self.cached),
+            processed_logprobs: self.req.sampling.is_processed(),
         }));
     }
 }
@@ -350,8 +351,10 @@ fn decode(model: &Model, tokenizer: Option<&ChatTokenizer>, batch: &mut [&mut Se
 ///
 /// Only what a row's choice needs leaves libtorch: the vectorized argmax for greedy decoding, the
 /// tempered softmax for plain temperature sampling, the whole log-softmax row only for top-k /
-/// top-p. The log-prob recorded is `logit[next] − logsumexp(row)`, the same quantity as
-/// `log_softmax(row)[next]` up to float rounding (~1e-6). Why not one log-softmax of every row
+/// top-p. The log-prob recorded is that of the distribution the token was drawn from: for the
+/// model's own (temperature 1, the whole vocabulary) `logit[next] − logsumexp(row)`, the same
+/// quantity as `log_softmax(row)[next]` up to float rounding (~1e-6); for a tempered or
+/// truncated one, the sampler's own (src/engine/sampling.rs). Why not one log-softmax of every row
 /// copied out and scanned in Rust, as before: on a 151936-wide vocabulary that write, the copy
 /// and a scalar argmax were ~9% of a greedy decode step of the tiny model (perf), next to the
 /// head's own matmul.
@@ -379,9 +382,9 @@ fn pick_next(
 /// whether the sequence is done.
 fn advance(tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, row: &Tensor, lse: f32, scratch: &mut Scratch) {
     let n = seq.output.len();
-    let next = match &seq.req.forced_output {
+    let (next, processed) = match &seq.req.forced_output {
         Some(forced) => match forced.get(n) {
-            Some(&t) => t,
+            Some(&t) => (t, forced_logprob(&seq.req, row, lse, t, scratch)),
             None => {
                 seq.finish = Some(FinishReason::Stop);
                 return;
@@ -389,10 +392,10 @@ fn advance(tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, row: &Tensor, lse: 
         },
         None => choose(&seq.req, row, lse, &mut seq.rng, scratch),
     };
-    let logprob = if (next as i64) < row.size()[0] {
-        row.double_value(&[next as i64]) as f32 - lse
-    } else {
-        f32::NEG_INFINITY
+    let logprob = match processed {
+        Some(lp) => lp,
+        None if (next as i64) < row.size()[0] => row.double_value(&[next as i64]) as f32 - lse,
+        None => f32::NEG_INFINITY,
     };
     seq.output.push(next);
     seq.logprobs.push(logprob);

@@ -20,6 +20,7 @@
 use tch::{Kind, Tensor};
 
 use super::layers::linear;
+use super::sampled::{self, Processing};
 use super::CausalLm;
 
 /// Most positions per call whose entropy [`CausalLm::next_token_logprobs`] computes (×2).
@@ -58,13 +59,15 @@ impl CausalLm {
         next: &Tensor,
         with_entropy: bool,
     ) -> (Tensor, Option<Tensor>) {
-        self.next_token_logprobs_chunked(hidden, at, next, with_entropy, None)
+        self.next_token_logprobs_chunked(hidden, at, next, with_entropy, None, None)
     }
 
     /// [`Self::next_token_logprobs`] computing the logits of at most `chunk` positions at a time
-    /// (`None`: all at once). Same values; without gradients (`no_grad_guard`) the peak memory
-    /// is one chunk's logits. Under autograd every chunk's graph is kept, so training uses
-    /// [`Self::backward_logprobs`] instead.
+    /// (`None`: all at once), under the distributions the tokens were sampled from (`proc`, see
+    /// [`super::sampled`]; `None`: the model's own). Same values; without gradients
+    /// (`no_grad_guard`) the peak memory is one chunk's logits. Under autograd every chunk's
+    /// graph is kept, so training uses [`Self::backward_logprobs`] instead. The entropy is that
+    /// of the same distributions.
     pub fn next_token_logprobs_chunked(
         &self,
         hidden: &Tensor,
@@ -72,6 +75,7 @@ impl CausalLm {
         next: &Tensor,
         with_entropy: bool,
         chunk: Option<usize>,
+        proc: Option<&Processing>,
     ) -> (Tensor, Option<Tensor>) {
         let n = at.size()[0];
         let stride = (n / ENTROPY_SAMPLE).max(1);
@@ -80,12 +84,11 @@ impl CausalLm {
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
-            let logits = self
-                .logits(&hidden.index_select(0, &at.narrow(0, start, len)))
-                .to_kind(Kind::Float);
-            let lsm = logits.log_softmax(-1, Kind::Float);
-            let nx = next.narrow(0, start, len).unsqueeze(1);
-            lps.push(lsm.gather(1, &nx, false).squeeze_dim(1));
+            let logits = self.logits(&hidden.index_select(0, &at.narrow(0, start, len)));
+            let nx = next.narrow(0, start, len);
+            let rows = proc.map(|p| p.narrow(start, len));
+            let lsm = sampled::log_softmax(&logits, &nx, rows.as_ref());
+            lps.push(lsm.gather(1, &nx.unsqueeze(1), false).squeeze_dim(1));
             if let Some(first) = with_entropy.then(|| strided_rows(start, len, stride)).flatten() {
                 let sub = lsm.slice(0, first, len, stride);
                 // Row-wise Σ p·log p as a batched dot product: no [N, vocab] product tensor.
@@ -125,9 +128,10 @@ impl CausalLm {
         next: &Tensor,
         coef: &Tensor,
         chunk: Option<usize>,
+        proc: Option<&Processing>,
     ) -> Result<Tensor, tch::TchError> {
         let Some(chunk) = chunk.map(|c| c.max(1) as i64) else {
-            let (lp, _) = self.next_token_logprobs(hidden, at, next, false);
+            let (lp, _) = self.next_token_logprobs_chunked(hidden, at, next, false, None, proc);
             (&lp * coef).sum(Kind::Float).f_backward()?;
             return Ok(lp.detach());
         };
@@ -151,13 +155,19 @@ impl CausalLm {
             let rows = at.narrow(0, start, len);
             let nx = next.narrow(0, start, len);
             let x = h.index_select(0, &rows);
-            let mut lsm = linear(&x, w).log_softmax(-1, Kind::Float);
+            let sub = proc.map(|p| p.narrow(start, len));
+            let mut lsm = sampled::log_softmax(&linear(&x, w), &nx, sub.as_ref());
             lps.push(lsm.gather(1, &nx.unsqueeze(1), false).squeeze_dim(1));
             let p = lsm.exp_().to_kind(x.kind());
             // G = c·(onehot(next) − p) is d(Σ c·log p[next])/d logits; with logits = x·Wᵀ,
             // dx = G·W = c·(W[next] − p·W) and dW = Gᵀ·x = scatter(c·x at next) − pᵀ·(c·x):
-            // no [chunk, vocab] tensor beyond `p`.
-            let c = coef.narrow(0, start, len).to_kind(x.kind()).unsqueeze(1);
+            // no [chunk, vocab] tensor beyond `p`. Under a sampled distribution (tempered by T,
+            // renormalised over a support) `p` is that distribution and G is divided by T.
+            let c = match &sub {
+                Some(sub) => coef.narrow(0, start, len) / &sub.temperature,
+                None => coef.narrow(0, start, len),
+            };
+            let c = c.to_kind(x.kind()).unsqueeze(1);
             let dx = (w.index_select(0, &nx) - p.matmul(w)) * &c;
             let _ = grad_h.index_add_(0, &rows, &dx);
             if let Some(gw) = grad_w.as_mut() {

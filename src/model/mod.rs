@@ -22,6 +22,7 @@ mod head;
 mod layers;
 mod moe;
 mod qwen3;
+pub mod sampled;
 pub mod shapes;
 mod sharded;
 

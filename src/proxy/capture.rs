@@ -450,6 +450,7 @@ pub(super) async fn run_with(
 
     record.output_ids = out.output_ids.clone();
     record.logprobs = Packed::f32_vec(&out.logprobs);
+    record.processed_logprobs = out.processed_logprobs && record.sampling.is_processed();
     record.routing = out
         .routing
         .as_ref()

@@ -79,6 +79,12 @@ pub struct Sample {
     pub loss_mask: LossMask,
     /// Sampling log-prob of each loss-mask-1 token, f32 `[count_ones(loss_mask)]`.
     pub rollout_logprobs: Packed,
+    /// The distributions the policy tokens were drawn from where they are not the model's own
+    /// (temperature 1, the whole vocabulary), as runs over the policy tokens; empty (the usual
+    /// case) when every token was. `rollout_logprobs` are of these distributions, and train-step
+    /// recomputes the same ones (src/model/sampled.rs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sampling: Vec<SamplingRun>,
     /// Expert ids `[T, layers, top_k]` for positions 0..T (T = len(token_ids) or one less).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<Packed>,
@@ -89,6 +95,65 @@ pub struct Sample {
     pub policy_version: u64,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+}
+
+/// From policy token `start` (an index into `rollout_logprobs`) up to the next run's start, the
+/// tokens were drawn with these settings: logits divided by `temperature`, restricted to the
+/// `top_k` most likely (0: no limit), then to the fewest most likely whose renormalised mass
+/// reaches `top_p` (1: no limit), renormalised. A run with temperature 1, no top-k and top-p 1
+/// returns to the model's own distribution. Why runs and not a value per token: a sample's
+/// turns share one sampling unless a harness changes it between requests.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct SamplingRun {
+    pub start: u32,
+    pub temperature: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub top_k: u32,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub top_p: f64,
+}
+
+fn is_zero(k: &u32) -> bool {
+    *k == 0
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(p: &f64) -> bool {
+    *p == 1.0
+}
+
+impl SamplingRun {
+    /// The run of `sampling` from policy token `start`: its distribution when processed
+    /// ([`super::Sampling::is_processed`]), else the model's own.
+    pub fn of(sampling: &super::Sampling, start: u32) -> SamplingRun {
+        if !sampling.is_processed() {
+            return SamplingRun {
+                start,
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+            };
+        }
+        SamplingRun {
+            start,
+            temperature: sampling.temperature.unwrap_or(1.0),
+            top_k: sampling.top_k.unwrap_or(0),
+            top_p: sampling.top_p.filter(|&p| p < 1.0).unwrap_or(1.0),
+        }
+    }
+
+    /// Whether this run draws from the model's own distribution.
+    pub fn is_model(&self) -> bool {
+        self.temperature == 1.0 && self.top_k == 0 && self.top_p >= 1.0
+    }
+
+    /// Whether two runs draw from the same distribution (their starts aside).
+    pub fn same_distribution(&self, other: &SamplingRun) -> bool {
+        (self.temperature, self.top_k, self.top_p) == (other.temperature, other.top_k, other.top_p)
+    }
 }
 
 /// align's statistics (`lego-rl/align-stats/v1`): one record per trajectory and one total

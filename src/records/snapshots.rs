@@ -62,10 +62,12 @@ fn generation() -> Generation {
         backend: Some("embedded".into()),
         policy_version: 3,
         sampling: Sampling {
-            temperature: Some(1.0),
+            temperature: Some(0.7),
+            top_p: Some(0.95),
             max_tokens: Some(512),
             ..Default::default()
         },
+        processed_logprobs: true,
         ignored_sampling: BTreeMap::new(),
         timings: BTreeMap::from([("decode".into(), 0.5), ("prefill".into(), 0.01)]),
         status: Some("ok".into()),
@@ -158,6 +160,12 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             token_ids: vec![151644, 872, 198, 6023, 151645],
             loss_mask: LossMask::from_dense(&[false, false, false, true, true]),
             rollout_logprobs: Packed::f32_vec(&[-0.25, -1.5]),
+            sampling: vec![SamplingRun {
+                start: 1,
+                temperature: 0.7,
+                top_k: 20,
+                top_p: 0.95,
+            }],
             routing: Some(Packed::from_experts(vec![1, 2, 2], &[0, 300, 2, 3])),
             reward: 1.0,
             weight: 1.0,

@@ -112,6 +112,27 @@ pub struct Sampling {
     pub stop: Vec<String>,
 }
 
+impl Sampling {
+    /// Whether a temperature at or below this is greedy decoding (the engines pick the argmax).
+    pub const GREEDY_BELOW: f64 = 1e-6;
+
+    /// Whether these values sample from a distribution other than the model's own: a
+    /// temperature other than 1 (and above [`Self::GREEDY_BELOW`]: greedy decoding samples
+    /// nothing), a top-k, or a top-p below 1. Tokens drawn so have the log-prob of that
+    /// tempered, truncated and renormalised distribution only when the engine records it
+    /// ([`Generation::processed_logprobs`]).
+    pub fn is_processed(&self) -> bool {
+        let t = self.temperature.unwrap_or(1.0);
+        t > Self::GREEDY_BELOW
+            && (t != 1.0 || self.top_k.is_some_and(|k| k > 0) || self.top_p.is_some_and(|p| p < 1.0))
+    }
+
+    /// Whether these values decode greedily (temperature at or below [`Self::GREEDY_BELOW`]).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature.unwrap_or(1.0) <= Self::GREEDY_BELOW
+    }
+}
+
 /// How the proxy built a generation's prompt.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -158,6 +179,15 @@ pub struct Generation {
     pub policy_version: u64,
     #[serde(default)]
     pub sampling: Sampling,
+    /// Whether `logprobs` are those of the distribution the tokens were drawn from under
+    /// `sampling` when it is not the model's own ([`Sampling::is_processed`]): tempered, and
+    /// renormalised over the top-k / top-p support (vLLM's `processed_logprobs`). The embedded
+    /// engine always records them so; vLLM does when its server runs with
+    /// `--logprobs-mode processed_logprobs` (rollout starts it so), for sampled tokens only. False
+    /// with a processed `sampling`: the log-probs are the model's own, not the behaviour policy's,
+    /// and align drops the turn (`logprobs_not_of_sampling`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub processed_logprobs: bool,
     /// The request's own sampling values that were not used (`temperature`, `top_p`, `top_k`,
     /// `min_p`, as sent): rollout pins its sampling in train mode (`--harness-sampling pin`), and
     /// no engine implements `min_p`. Empty when the request was sampled as it asked.

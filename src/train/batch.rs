@@ -8,8 +8,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use tch::{Device, Tensor};
+
+use crate::model::sampled::Processing;
 use crate::model::Config;
-use crate::records::Sample;
+use crate::records::{Sample, Sampling, SamplingRun};
 
 use super::gspo::group_advantages;
 use super::TrainError;
@@ -24,6 +27,9 @@ pub struct Seq {
     pub pred_at: Vec<i64>,
     /// Rollout log-probs of those policy tokens.
     pub rollout_lp: Vec<f32>,
+    /// Per policy token, the distribution it was drawn from when not the model's own:
+    /// (temperature, top-k or 0, top-p or 2: see [`Processing`]); empty when every token was.
+    pub sampled: Vec<(f32, i64, f32)>,
     /// `[rows, moe_layers, k]` recorded expert ids, rows = T or T−1.
     pub routing: Option<(usize, Vec<i64>)>,
 }
@@ -190,6 +196,8 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
             ),
         ));
     }
+    let sampled = sampled_from(&s.sampling, pred_at.len())
+        .map_err(|m| bad(path, r, &s.id, format!("sampling: {m}")))?;
     let routing = match (&s.routing, moe_layers) {
         (Some(p), l) if l > 0 => {
             let k = cfg.num_experts_per_tok as usize;
@@ -226,7 +234,77 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
         tokens: s.token_ids.iter().map(|&t| t as i64).collect(),
         pred_at,
         rollout_lp,
+        sampled,
         routing,
+    })
+}
+
+/// Expands a sample's sampling runs over its `n` policy tokens (empty when every token was drawn
+/// from the model's own distribution), checking them: starts in increasing order below `n`, a
+/// temperature above greedy decoding, a top-p in (0, 1].
+fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<(f32, i64, f32)>, String> {
+    if runs.iter().all(SamplingRun::is_model) {
+        return Ok(Vec::new());
+    }
+    const MODEL: (f32, i64, f32) = (1.0, 0, NO_TOP_P);
+    let mut out = vec![MODEL; n];
+    for (i, run) in runs.iter().enumerate() {
+        let start = run.start as usize;
+        let end = runs.get(i + 1).map_or(n, |next| next.start as usize);
+        if start >= end || end > n {
+            return Err(format!(
+                "run {i} covers policy tokens {start}..{end}, outside 0..{n} or not after the previous run"
+            ));
+        }
+        if !(run.temperature.is_finite() && run.temperature > Sampling::GREEDY_BELOW) {
+            return Err(format!(
+                "run {i}: temperature {} is not a sampling temperature",
+                run.temperature
+            ));
+        }
+        if !(run.top_p > 0.0 && run.top_p <= 1.0) {
+            return Err(format!("run {i}: top_p {} is outside (0, 1]", run.top_p));
+        }
+        let top_p = if run.top_p < 1.0 {
+            run.top_p as f32
+        } else {
+            NO_TOP_P
+        };
+        out[start..end].fill((run.temperature as f32, i64::from(run.top_k), top_p));
+    }
+    Ok(out)
+}
+
+/// The top-p of a position without one: no float sum of probabilities reaches it.
+const NO_TOP_P: f32 = 2.0;
+
+/// The head's [`Processing`] of the scored positions of micro-batch `mb` (in the order
+/// `Trainer::inputs` lays them out: each sequence's `pred_at` in turn), or `None` when every
+/// token was drawn from the model's own distribution.
+pub fn processing(seqs: &[Seq], mb: &[usize], device: Device) -> Option<Processing> {
+    if mb.iter().all(|&i| seqs[i].sampled.is_empty()) {
+        return None;
+    }
+    let (mut t, mut k, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    for &i in mb {
+        let s = &seqs[i];
+        if s.sampled.is_empty() {
+            t.extend(std::iter::repeat_n(1.0f32, s.pred_at.len()));
+            k.extend(std::iter::repeat_n(0i64, s.pred_at.len()));
+            p.extend(std::iter::repeat_n(NO_TOP_P, s.pred_at.len()));
+        } else {
+            for &(a, b, c) in &s.sampled {
+                t.push(a);
+                k.push(b);
+                p.push(c);
+            }
+        }
+    }
+    let on = |v: Tensor| v.to_device(device);
+    Some(Processing {
+        temperature: on(Tensor::from_slice(&t)),
+        top_k: k.iter().any(|&x| x > 0).then(|| on(Tensor::from_slice(&k))),
+        top_p: p.iter().any(|&x| x < 1.0).then(|| on(Tensor::from_slice(&p))),
     })
 }
 
@@ -269,6 +347,7 @@ mod tests {
             token_ids: vec![1, 2, 3, 4],
             loss_mask: LossMask::from_dense(&[false, false, true, true]),
             rollout_logprobs: Packed::f32_vec(&[-1.0, -1.0]),
+            sampling: Vec::new(),
             routing: None,
             reward,
             weight: 1.0,
@@ -296,5 +375,26 @@ mod tests {
             adv[2].0 && adv[3].0 && adv[2].1 > 0.0 && adv[3].1 < 0.0,
             "{adv:?}"
         );
+    }
+
+    #[test]
+    fn sampling_runs_expand_per_policy_token_and_bad_ones_are_named() {
+        let run = |start, temperature, top_k, top_p| SamplingRun {
+            start,
+            temperature,
+            top_k,
+            top_p,
+        };
+        assert!(sampled_from(&[], 3).unwrap().is_empty());
+        assert!(sampled_from(&[run(0, 1.0, 0, 1.0)], 3).unwrap().is_empty());
+        assert_eq!(
+            sampled_from(&[run(1, 0.5, 4, 0.9), run(2, 1.0, 0, 1.0)], 3).unwrap(),
+            vec![(1.0, 0, NO_TOP_P), (0.5, 4, 0.9), (1.0, 0, NO_TOP_P)]
+        );
+        let err = |runs: &[SamplingRun]| sampled_from(runs, 3).unwrap_err();
+        assert!(err(&[run(3, 0.5, 0, 1.0)]).contains("run 0 covers policy tokens 3..3"));
+        assert!(err(&[run(2, 0.5, 0, 1.0), run(1, 0.7, 0, 1.0)]).contains("run 0 covers"));
+        assert!(err(&[run(0, 0.0, 0, 1.0)]).contains("temperature 0"));
+        assert!(err(&[run(0, 0.5, 0, 0.0)]).contains("top_p 0 is outside"));
     }
 }

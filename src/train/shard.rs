@@ -198,6 +198,7 @@ mod tests {
             tokens: vec![1; n],
             pred_at: vec![],
             rollout_lp: vec![],
+            sampled: vec![],
             routing: None,
         };
         let traj = |id: &str| Traj {

@@ -14,10 +14,11 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+use crate::model::sampled::Processing;
 use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
 use crate::records::{Record, Sample, StepMetrics};
 
-use super::batch::{micro_batches, Batch, Seq};
+use super::batch::{micro_batches, processing, Batch, Seq};
 use super::gspo::{coefficients, LossKind, TrajTerm};
 use super::metrics::{mean_std, median, pearson};
 use super::optim::{AdamW, AdamWConfig};
@@ -148,6 +149,8 @@ struct MbInputs {
     replay: bool,
     /// (offset, rows) of each sequence's recorded routing.
     recorded_rows: Vec<(i64, i64)>,
+    /// The distributions the scored tokens were sampled from, when not all the model's own.
+    proc: Option<Processing>,
 }
 
 impl MbInputs {
@@ -238,6 +241,7 @@ impl Trainer {
             recorded: replay_t,
             replay: use_replay,
             recorded_rows,
+            proc: processing(&batch.seqs, mb, dev),
         }
     }
 
@@ -252,6 +256,7 @@ impl Trainer {
             &inp.next,
             extras,
             s.logprob_chunk,
+            inp.proc.as_ref(),
         );
         let mut overlap = (0, 0);
         if let (true, Some(own), Some(rec)) = (extras, &out.router_topk, &inp.recorded) {
@@ -443,7 +448,14 @@ impl Trainer {
                 let inp = self.inputs(&batch, &mb, s.replay);
                 let lm = &self.model.lm;
                 let head = |hidden: &Tensor| {
-                    lm.backward_logprobs(hidden, &inp.at, &inp.next, &coef, s.logprob_chunk)
+                    lm.backward_logprobs(
+                        hidden,
+                        &inp.at,
+                        &inp.next,
+                        &coef,
+                        s.logprob_chunk,
+                        inp.proc.as_ref(),
+                    )
                 };
                 let done = if s.activation_checkpointing {
                     lm.backward_checkpointed(&inp.forward_input(), head)

@@ -75,6 +75,14 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         "the same Pearson on steps trained with `--replay off` (the R3 ablation)",
     ),
     (
+        "logprob_kl",
+        Op::AtMost,
+        0.01,
+        "mean k3 KL estimate of the rollout vs trainer token distributions (StepMetrics): Pearson \
+         is blind to an affine change of the log-probs, such as a temperature or top-p the \
+         trainer does not recompute (0.42 nats in tests/it/sampling.rs, with Pearson 0.99999)",
+    ),
+    (
         "expert_overlap",
         Op::AtLeast,
         0.9,
@@ -426,6 +434,7 @@ fn metric(name: &str, m: &StepMetrics) -> Option<f64> {
         // A dense model (no replay to speak of) counts as replayed.
         "logprob_pearson" => m.logprob_pearson.filter(|_| m.routing_replay != Some(false)),
         "logprob_pearson_without_replay" => m.logprob_pearson.filter(|_| m.routing_replay == Some(false)),
+        "logprob_kl" => m.logprob_kl,
         "expert_overlap" => m.expert_overlap,
         "unreplayed_token_fraction" => m.unreplayed_token_fraction,
         "is_masked_token_fraction" => m.is_masked_token_fraction,

@@ -1,12 +1,16 @@
 //! The behaviour policy exactly: in train mode (`--harness-sampling pin`) a harness's own
-//! temperature / top_p cannot bend rollout's sampling, and the override is recorded and counted.
+//! temperature / top_p cannot bend rollout's sampling, and the override is recorded and counted;
+//! with `honor` the tempered, truncated distribution is recorded and recomputed by train-step.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use lego_rl::align::{align_trajectory, MatchMode, Settings};
 use lego_rl::engine::embedded::EmbeddedBackend;
+use lego_rl::model::Model;
 use lego_rl::proxy::{HarnessSampling, Proxy, ProxyConfig};
-use lego_rl::records::Generation;
+use lego_rl::records::{Generation, SamplingRun, Trajectory};
+use lego_rl::train::Trainer;
 use serde_json::{json, Value};
 use tch::Device;
 
@@ -111,5 +115,115 @@ async fn pinned_sampling_ignores_a_harness_temperature_and_top_p_and_records_the
     assert_ne!(
         honored[0].output_ids, reference.output_ids,
         "at T = 0.3 over the nucleus the tiny model samples differently"
+    );
+}
+
+/// Log-probs of the tokens after `ids[..from]` under the sampler `sampling`, from transformers'
+/// own logits warpers on the tiny MoE (scripts/hf_reference.py).
+fn transformers_processed(ids: &[u32], sampling: Value, from: usize) -> Vec<f64> {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out) = (tmp.path().join("ids.json"), tmp.path().join("hf.json"));
+    let seqs = json!({"sequences": [{"name": "honored", "input_ids": ids, "sampling": sampling}]});
+    std::fs::write(&input, seqs.to_string()).unwrap();
+    let status = std::process::Command::new(crate::common::python())
+        .arg(crate::common::root().join("scripts/hf_reference.py"))
+        .arg(crate::model::tiny_moe())
+        .arg(&input)
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/hf_reference.py failed");
+    let hf: Value = serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+    let lp = hf["sequences"][0]["processed_logprobs"].as_array().unwrap();
+    lp[from - 1..].iter().map(|v| v.as_f64().unwrap()).collect()
+}
+
+/// With `--harness-sampling honor` a harness's `temperature: 0.3, top_p: 0.5` is the behaviour
+/// policy, so that is what is recorded and trained: the captured log-probs are those of
+/// log-softmax(logits / 0.3) renormalised over the nucleus (transformers' own warpers agree),
+/// align carries the sampling into the sample, and train-step recomputes the same distribution
+/// (Pearson ≥ 0.9999, |Δ| at float noise). The same samples without their sampling, recomputed at
+/// temperature 1 over the whole vocabulary (what train-step did before), miss by whole nats.
+#[tokio::test(flavor = "multi_thread")]
+async fn honoured_sampling_records_and_trains_the_tempered_nucleus_it_drew_from() {
+    let mut bent = harness_request();
+    bent["seed"] = json!(5);
+    bent["temperature"] = json!(0.3);
+    bent["top_p"] = json!(0.5);
+    let gens = captures(HarnessSampling::Honor, &[bent]).await;
+    let g = &gens[0];
+    assert!(
+        g.processed_logprobs,
+        "the embedded engine records the distribution sampled"
+    );
+    assert!(g.output_ids.len() >= 8, "{:?}", g.output_ids);
+    let recorded = g.logprobs.to_f32().unwrap();
+    let ids: Vec<u32> = g.prompt_ids.iter().chain(&g.output_ids).copied().collect();
+    let reference = transformers_processed(
+        &ids,
+        json!({"temperature": 0.3, "top_p": 0.5}),
+        g.prompt_ids.len(),
+    );
+    let d = recorded
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    eprintln!(
+        "recorded vs transformers' warpers: max |Δ| {d} over {} tokens",
+        recorded.len()
+    );
+    assert!(
+        d < 1e-4,
+        "recorded vs transformers: max |Δ| {d}: {recorded:?} vs {reference:?}"
+    );
+
+    // Two members of one group (different rewards), aligned with the captured tokens.
+    let tokenizer = crate::common::root().join("testdata/tokenizer/qwen3");
+    let settings = Settings::new(MatchMode::Strict, Some(&tokenizer)).unwrap();
+    let mut samples = Vec::new();
+    for (i, reward) in [(0, 1.0), (1, 0.0)] {
+        let mut t = Trajectory::new("sampling", 0, i, "test", "test", gens.clone());
+        t.reward = Some(reward);
+        let (s, stats) = align_trajectory(&t, &settings).unwrap();
+        assert_eq!((stats.aligned_turns, stats.dropped_turns), (1, 0), "{stats:?}");
+        samples.extend(s);
+    }
+    let run = SamplingRun {
+        start: 0,
+        temperature: 0.3,
+        top_k: 0,
+        top_p: 0.5,
+    };
+    assert_eq!(samples[0].sampling, vec![run]);
+
+    let model = Model::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
+    let mut s = crate::train::settings();
+    s.optim.lr = 1e-9;
+    let m = Trainer::new(model).step(&samples, Path::new("mem"), &s).unwrap();
+    let (pearson, diff) = (m.logprob_pearson.unwrap(), m.logprob_max_abs_diff.unwrap());
+    eprintln!(
+        "recomputed sampled distribution: Pearson {pearson}, max |Δ| {diff}, KL {:?}",
+        m.logprob_kl
+    );
+    assert!(
+        pearson >= 0.9999 && diff < 1e-3,
+        "recomputed the sampled distribution: {m:?}"
+    );
+
+    for s in &mut samples {
+        s.sampling.clear();
+    }
+    let model = Model::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
+    let m = Trainer::new(model).step(&samples, Path::new("mem"), &s).unwrap();
+    let (pearson_t1, diff_t1) = (m.logprob_pearson.unwrap(), m.logprob_max_abs_diff.unwrap());
+    // Pearson alone cannot tell: within one generation log q ≈ log p / T + c, an affine map.
+    eprintln!(
+        "temperature-1 recomputation: Pearson {pearson_t1}, max |Δ| {diff_t1}, KL {:?}",
+        m.logprob_kl
+    );
+    assert!(
+        !(pearson_t1 >= 0.9999 && diff_t1 < 1e-3) && diff_t1 > 1.0,
+        "the model's own distribution is not the one sampled: {m:?}"
     );
 }

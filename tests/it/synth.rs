@@ -32,6 +32,8 @@ pub struct Synth {
     pub orphan_sample: bool,
     /// unreplayed_token_fraction of every step (routing replay on).
     pub unreplayed: f64,
+    /// logprob_kl of every step.
+    pub kl: f64,
 }
 
 impl Default for Synth {
@@ -47,6 +49,7 @@ impl Default for Synth {
             tamper_every: 0,
             orphan_sample: false,
             unreplayed: 0.0,
+            kl: 1e-6,
         }
     }
 }
@@ -265,6 +268,7 @@ pub fn write_run(dir: &Path, s: &Synth) {
                     token_ids: (0..8).collect(),
                     loss_mask: LossMask::from_dense(&[false, false, false, false, true, true, true, true]),
                     rollout_logprobs: Packed::f32_vec(&rollout),
+                    sampling: Vec::new(),
                     routing: None,
                     reward: t.reward.unwrap_or(0.0),
                     weight: if t.infra_failure { 0.0 } else { 1.0 },
@@ -308,6 +312,7 @@ pub fn write_run(dir: &Path, s: &Synth) {
             expert_overlap: Some(0.95),
             routing_replay: Some(true),
             unreplayed_token_fraction: Some(s.unreplayed),
+            logprob_kl: Some(s.kl),
             staleness_max: Some(0),
             ..Default::default()
         });

@@ -38,7 +38,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("32 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("33 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
@@ -103,11 +103,15 @@ fn failing_gates_exit_1_and_can_be_configured() {
             last_pearson: 0.95,
             git_every: 2,
             unreplayed: 0.25,
+            kl: 0.42,
             ..Default::default()
         },
     );
     let (code, v) = validate_json(dir.path(), &[]);
     assert_eq!(code, Some(1), "{v}");
+    // A behaviour policy the trainer does not recompute (tests/it/sampling.rs's 0.42 nats).
+    assert_eq!(gate(&v, "logprob_kl")["value"], 0.42);
+    assert_eq!(gate(&v, "logprob_kl")["passed"], false);
     // Tokens trained without recorded routing while replay was on: R3 did not hold for them.
     assert_eq!(gate(&v, "unreplayed_token_fraction")["value"], 0.25);
     assert_eq!(gate(&v, "unreplayed_token_fraction")["passed"], false);

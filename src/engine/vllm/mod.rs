@@ -75,6 +75,8 @@ struct ModelInfo {
     id: String,
     /// `data[0].max_model_len`: the longest prompt + output the server accepts.
     max_model_len: Option<usize>,
+    /// Whether the server runs with `--logprobs-mode processed_logprobs` ([`probe_processed`]).
+    processed_logprobs: bool,
 }
 
 impl VllmBackend {
@@ -118,7 +120,38 @@ impl VllmBackend {
             .ok_or_else(|| bad(&url, "no model in data[0].id"))?
             .to_string();
         let max_model_len = v["data"][0]["max_model_len"].as_u64().map(|n| n as usize);
-        Ok(self.info.get_or_init(|| ModelInfo { id, max_model_len }).clone())
+        let processed_logprobs = self.probe_processed(&id).await?;
+        Ok(self
+            .info
+            .get_or_init(|| ModelInfo {
+                id,
+                max_model_len,
+                processed_logprobs,
+            })
+            .clone())
+    }
+
+    /// Whether the server's sampled log-probs are processed (`--logprobs-mode
+    /// processed_logprobs`), which no endpoint reports: one token sampled with `top_k: 1` has
+    /// log-prob exactly 0 under processed log-probs (a distribution of one token) and the
+    /// model's own log-prob of its most likely token otherwise, below 0 for any model that is
+    /// not certain after the 3-token probe prompt.
+    async fn probe_processed(&self, model: &str) -> Result<bool, EngineError> {
+        let url = format!("{}/v1/completions", self.base);
+        let body = json!({
+            "model": model, "prompt": [0, 1, 2], "max_tokens": 1, "temperature": 1.0,
+            "top_k": 1, "top_p": 1.0, "logprobs": 0, "n": 1,
+        });
+        let v = self.post(&url, &body, 3, None).await?;
+        let lp = v["choices"][0]["logprobs"]["token_logprobs"][0]
+            .as_f64()
+            .ok_or_else(|| {
+                bad(
+                    &url,
+                    "no choices[0].logprobs.token_logprobs[0] (logprobs-mode probe)",
+                )
+            })?;
+        Ok(lp == 0.0)
     }
 
     /// The request body every generation shares.
@@ -138,12 +171,16 @@ impl VllmBackend {
             "stop_token_ids": req.stop_token_ids,
             "n": 1,
         });
-        if let Some(p) = s.top_p {
-            body["top_p"] = json!(p);
-        }
-        if let Some(k) = s.top_k {
-            body["top_k"] = json!(k);
-        }
+        // Every field that shapes the distribution is sent, defaults included: vLLM fills the
+        // ones a request leaves out from the checkpoint's generation_config.json (Qwen3's:
+        // temperature 0.6, top_k 20, top_p 0.95), which would sample a truncated distribution
+        // while the proxy records the request as the model's own.
+        body["top_p"] = json!(s.top_p.unwrap_or(1.0));
+        body["top_k"] = json!(s.top_k.map_or(-1, i64::from));
+        body["min_p"] = json!(0.0);
+        body["repetition_penalty"] = json!(1.0);
+        body["presence_penalty"] = json!(0.0);
+        body["frequency_penalty"] = json!(0.0);
         if let Some(seed) = s.seed {
             body["seed"] = json!(seed);
         }
@@ -212,6 +249,7 @@ impl VllmBackend {
             routing,
             seconds: start.elapsed().as_secs_f64(),
             cached_tokens: cached_tokens(&v),
+            processed_logprobs: info.processed_logprobs,
         })
     }
 
@@ -270,6 +308,8 @@ impl VllmBackend {
             finish_reason: FinishReason::Stop,
             seconds: start.elapsed().as_secs_f64(),
             cached_tokens: cached_tokens(&v),
+            // Prompt log-probs are the model's own in every `--logprobs-mode`.
+            processed_logprobs: false,
         })
     }
 

