@@ -254,6 +254,10 @@ impl Backend for EmbeddedBackend {
         Some(self.context)
     }
 
+    fn processed_logprobs(&self) -> Option<bool> {
+        Some(true)
+    }
+
     fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
         self.submit(req, None).boxed()
     }

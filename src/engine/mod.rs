@@ -195,6 +195,12 @@ pub trait Backend: Send + Sync {
     fn context_length(&self) -> Option<usize> {
         None
     }
+    /// Whether sampled tokens' log-probs are those of the distribution the request's sampling
+    /// draws from (tempered, renormalised over top-k / top-p: `GenerateOutput::processed_logprobs`)
+    /// rather than the model's own; `None` while unknown (a vLLM server not asked yet).
+    fn processed_logprobs(&self) -> Option<bool> {
+        None
+    }
     /// The prefix cache's counters, for backends that keep them in this process.
     fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
         None

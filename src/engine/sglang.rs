@@ -1,7 +1,7 @@
 //! SGLang backend: `POST /generate` with token ids.
 //!
 //! Request: `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`, `top_p`, `top_k`,
-//! `stop_token_ids`, `skip_special_tokens: false`, `no_stop_trim: true`), `return_logprob: true`,
+//! `min_p` and the penalties, always, `stop_token_ids`, `skip_special_tokens: false`, `no_stop_trim: true`), `return_logprob: true`,
 //! `return_routed_experts: true`. Response: `output_ids`, `meta_info.output_token_logprobs` as
 //! `[logprob, token_id, text]` triples, `meta_info.finish_reason` (`{"type": "stop"|"length", ...}`),
 //! `meta_info.routed_experts` (base64 of a flat little-endian int32 array, reshaped with the
@@ -47,12 +47,15 @@ impl SglangBackend {
             "skip_special_tokens": false,
             "no_stop_trim": true,
         });
-        if let Some(p) = s.top_p {
-            params["top_p"] = json!(p);
-        }
-        if let Some(k) = s.top_k {
-            params["top_k"] = json!(k);
-        }
+        // Every field that shapes the distribution is sent, defaults included: SGLang, like vLLM,
+        // can fill omitted ones from the checkpoint's generation_config.json (`--sampling-defaults
+        // model`), which would sample a truncated distribution recorded as the model's own.
+        params["top_p"] = json!(s.top_p.unwrap_or(1.0));
+        params["top_k"] = json!(s.top_k.map_or(-1, i64::from));
+        params["min_p"] = json!(0.0);
+        params["repetition_penalty"] = json!(1.0);
+        params["presence_penalty"] = json!(0.0);
+        params["frequency_penalty"] = json!(0.0);
         if let Some(seed) = s.seed {
             params["sampling_seed"] = json!(seed);
         }
@@ -181,6 +184,10 @@ impl Backend for SglangBackend {
 
     fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, EngineError>> {
         self.generate_inner(req).boxed()
+    }
+
+    fn processed_logprobs(&self) -> Option<bool> {
+        Some(false)
     }
 
     fn reload(

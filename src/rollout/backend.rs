@@ -13,6 +13,8 @@ use crate::engine::vllm::server::ServeOptions;
 use crate::engine::vllm::supervised::{SupervisedVllm, VerifiedVllm, Verifier};
 use crate::engine::vllm::VllmBackend;
 use crate::engine::Backend;
+use crate::proxy::HarnessSampling;
+use crate::records::Sampling;
 
 /// `--backend`: where generations come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -210,5 +212,64 @@ mod tests {
             .unwrap_err()
             .contains("unknown backend"));
         assert!("nothing".parse::<BackendSpec>().is_err());
+    }
+}
+
+/// In train mode the recorded log-probs must be the behaviour policy's. A backend that records
+/// the model's own log-probs (`processed_logprobs() == Some(false)`: SGLang, a vLLM server
+/// without `--logprobs-mode processed_logprobs`) can serve only the model's own distribution:
+/// a tempered or truncated rollout sampling, or harness sampling let through with `honor`, would
+/// give turns that align must drop (`logprobs_not_of_sampling`), so the run is refused up front.
+pub(super) fn check_behaviour_logprobs(
+    mode: &str,
+    harness_sampling: HarnessSampling,
+    sampling: &Sampling,
+    backend: &str,
+    processed: Option<bool>,
+) -> Result<(), RolloutError> {
+    if mode != "train" || processed != Some(false) {
+        return Ok(());
+    }
+    let why = if harness_sampling == HarnessSampling::Honor {
+        "--harness-sampling honor lets a harness choose a temperature or top-p"
+    } else if sampling.is_processed() {
+        "the rollout sampling (--temperature / --top-p) is not temperature 1 over the whole vocabulary"
+    } else {
+        return Ok(());
+    };
+    Err(RolloutError::Invalid(format!(
+        "{why}, but {backend} records the model's own log-probs, not those of the distribution it \
+         samples from, and train-step needs the latter; sample at temperature 1 with \
+         --harness-sampling pin, or use the embedded engine or a vLLM server started with \
+         --logprobs-mode processed_logprobs"
+    )))
+}
+
+#[cfg(test)]
+mod behaviour_tests {
+    use super::*;
+
+    #[test]
+    fn train_mode_refuses_sampling_a_backend_cannot_record() {
+        let t1 = Sampling {
+            temperature: Some(1.0),
+            ..Default::default()
+        };
+        let tempered = Sampling {
+            temperature: Some(0.8),
+            ..Default::default()
+        };
+        let check = |mode, hs, s: &Sampling, p| check_behaviour_logprobs(mode, hs, s, "sglang:x", p);
+        use HarnessSampling::{Honor, Pin};
+        assert!(check("train", Pin, &t1, Some(false)).is_ok());
+        let e = check("train", Pin, &tempered, Some(false))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--temperature") && e.contains("sglang:x"), "{e}");
+        let e = check("train", Honor, &t1, Some(false)).unwrap_err().to_string();
+        assert!(e.contains("--harness-sampling honor"), "{e}");
+        // Recorded exactly, or not training: nothing to refuse.
+        assert!(check("train", Honor, &tempered, Some(true)).is_ok());
+        assert!(check("eval", Honor, &tempered, Some(false)).is_ok());
     }
 }

@@ -47,7 +47,7 @@ pub use plan::{GroupPlan, Shard};
 use crate::chat::ChatFormat;
 use crate::engine::PrefixCacheStats;
 use crate::harness::Harness;
-use backend::{load_chat, start_backend};
+use backend::{check_behaviour_logprobs, load_chat, start_backend};
 use progress::Progress;
 
 use crate::io::{read_all, AppendWriter, ReadOptions};
@@ -311,6 +311,13 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         crate::sandbox::runtime::ensure_runtime(&engine, &harness, &cfg.base_image, &cfg.cache_dir).await?;
 
     let (backend, chat_dir) = start_backend(cfg).await?;
+    check_behaviour_logprobs(
+        &cfg.mode,
+        cfg.harness_sampling,
+        &cfg.sampling,
+        &backend.id(),
+        backend.processed_logprobs(),
+    )?;
     let chat = Arc::new(load_chat(&chat_dir)?);
     // The served checkpoint's version: the embedded directory's, else the chat model directory's
     // (an HTTP engine is normally serving the checkpoint whose tokenizer it was given).

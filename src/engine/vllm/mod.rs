@@ -141,6 +141,7 @@ impl VllmBackend {
         let body = json!({
             "model": model, "prompt": [0, 1, 2], "max_tokens": 1, "temperature": 1.0,
             "top_k": 1, "top_p": 1.0, "logprobs": 0, "n": 1,
+            "return_tokens_as_token_ids": true, "return_token_ids": true,
         });
         let v = self.post(&url, &body, 3, None).await?;
         let lp = v["choices"][0]["logprobs"]["token_logprobs"][0]
@@ -387,6 +388,10 @@ impl Backend for VllmBackend {
 
     fn context_length(&self) -> Option<usize> {
         self.info.get().and_then(|i| i.max_model_len)
+    }
+
+    fn processed_logprobs(&self) -> Option<bool> {
+        self.info.get().map(|i| i.processed_logprobs)
     }
 
     fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<ReloadReport, EngineError>> {

@@ -295,6 +295,10 @@ impl Backend for SupervisedVllm {
         self.client.context_length()
     }
 
+    fn processed_logprobs(&self) -> Option<bool> {
+        self.client.processed_logprobs()
+    }
+
     fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<ReloadReport, EngineError>> {
         self.reload_inner(checkpoint_dir.to_path_buf()).boxed()
     }
@@ -318,6 +322,10 @@ impl Backend for VerifiedVllm {
 
     fn context_length(&self) -> Option<usize> {
         self.client.context_length()
+    }
+
+    fn processed_logprobs(&self) -> Option<bool> {
+        self.client.processed_logprobs()
     }
 
     fn reload(&self, checkpoint_dir: &Path) -> BoxFuture<'_, Result<ReloadReport, EngineError>> {
