@@ -32,12 +32,28 @@ pub struct TrajTerm {
     pub weight: f64,
     /// Whether it is in the mean (valid member of a group with ≥ 2 valid members and variance).
     pub contributes: bool,
-    /// |y_i|: its policy tokens over all segments.
+    /// |y_i|: its policy tokens over all segments that an off-policy mask kept ([`accumulate`]).
     pub tokens: usize,
-    /// Σ_t (log π_θ − log π_old) over its policy tokens, at the current weights.
+    /// Σ_t (log π_θ − log π_old) over those tokens, at the current weights.
     pub logratio_sum: f64,
-    /// Σ_t log π_θ over its policy tokens (for `sft`).
+    /// Σ_t log π_θ over those tokens (for `sft`).
     pub logprob_sum: f64,
+}
+
+/// Adds one sequence's policy tokens to its trajectory's term: current and old log-probs, and the
+/// off-policy correction's weight of each token (`train-step --is-correction`; 1 without one).
+/// A token weighted 0 (a token, sequence or geometric mask) is outside the objective: neither its
+/// log-ratio nor its count enters s_i = exp(Σ Δ / |y_i|). Counting it, as the length did before,
+/// diluted the ratio with a token that has no gradient and shrank every kept token's step by
+/// the masked share. TIS weights (> 0) only scale gradients; their tokens count.
+pub fn accumulate(term: &mut TrajTerm, cur: &[f64], old: &[f64], weights: &[f64]) {
+    for ((c, o), w) in cur.iter().zip(old).zip(weights) {
+        if *w > 0.0 {
+            term.logratio_sum += c - o;
+            term.logprob_sum += c;
+            term.tokens += 1;
+        }
+    }
 }
 
 /// Loss value and per-trajectory derivative of one objective at the current weights.
@@ -315,5 +331,25 @@ mod tests {
             coefficients(LossKind::Gspo, &terms, 3e-4, 4e-4),
             coefficients(LossKind::GspoToken, &terms, 3e-4, 4e-4)
         );
+    }
+
+    #[test]
+    fn masked_tokens_leave_the_sequence_ratio_and_its_length() {
+        let mut t = TrajTerm {
+            advantage: 1.0,
+            weight: 1.0,
+            contributes: true,
+            tokens: 0,
+            logratio_sum: 0.0,
+            logprob_sum: 0.0,
+        };
+        // Log-ratios 0.1, 5.0 (masked) and 0.1 (TIS-weighted 0.5: kept).
+        accumulate(&mut t, &[-1.0, 4.0, -1.0], &[-1.1, -1.0, -1.1], &[1.0, 0.0, 0.5]);
+        assert_eq!(t.tokens, 2);
+        assert!((t.logratio_sum - 0.2).abs() < 1e-12, "{t:?}");
+        let obj = coefficients(LossKind::Gspo, &[t], 0.5, 0.5);
+        assert!((obj.ratio[0] - 0.1f64.exp()).abs() < 1e-12, "{obj:?}");
+        // d loss / d log π(t) = −s / (|y| N): the two kept tokens share the step.
+        assert!((obj.coef[0] + 0.1f64.exp() / 2.0).abs() < 1e-12, "{obj:?}");
     }
 }

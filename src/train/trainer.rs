@@ -19,7 +19,7 @@ use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model, DEFAULT_LOGPROB_
 use crate::records::{Record, Sample, StepMetrics};
 
 use super::batch::{micro_batches, processing, Batch, Seq};
-use super::gspo::{coefficients, LossKind, TrajTerm};
+use super::gspo::{accumulate, coefficients, LossKind, TrajTerm};
 use super::metrics::{mean_std, median, pearson};
 use super::optim::{AdamW, AdamWConfig};
 use super::shard::{combine_per_seq, shard, sum_scalars};
@@ -386,7 +386,7 @@ impl Trainer {
                     advantage: t.advantage,
                     weight: t.weight,
                     contributes: false,
-                    tokens: t.tokens,
+                    tokens: 0,
                     logratio_sum: 0.0,
                     logprob_sum: 0.0,
                 })
@@ -398,9 +398,7 @@ impl Trainer {
                 }
             }
             for &i in &idx {
-                let q = &mut terms[batch.seqs[i].traj];
-                q.logratio_sum += cur[i].iter().zip(&old[i]).map(|(c, o)| c - o).sum::<f64>();
-                q.logprob_sum += cur[i].iter().sum::<f64>();
+                accumulate(&mut terms[batch.seqs[i].traj], &cur[i], &old[i], &is_weights[i]);
             }
             let obj = coefficients(s.loss, &terms, s.eps_low, s.eps_high);
             if !obj.loss.is_finite() {

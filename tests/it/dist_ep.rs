@@ -221,8 +221,12 @@ fn max_weight_diff(a: &Path, b: &Path) -> f64 {
 }
 
 fn close(a: Option<f64>, b: Option<f64>, what: &str) {
+    close_within(a, b, 1e-6, what);
+}
+
+fn close_within(a: Option<f64>, b: Option<f64>, tol: f64, what: &str) {
     match (a, b) {
-        (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{what}: {a} vs {b}"),
+        (Some(a), Some(b)) => assert!((a - b).abs() <= tol * a.abs().max(1.0), "{what}: {a} vs {b}"),
         (a, b) => assert_eq!(a, b, "{what}"),
     }
 }
@@ -234,16 +238,20 @@ fn same_metrics(one: &StepMetrics, two: &StepMetrics, tag: &str) {
         ("ratio_mean", one.ratio_mean, two.ratio_mean),
         ("entropy", one.entropy, two.entropy),
         ("logprob_pearson", one.logprob_pearson, two.logprob_pearson),
-        (
-            "logprob_max_abs_diff",
-            one.logprob_max_abs_diff,
-            two.logprob_max_abs_diff,
-        ),
         ("logprob_kl", one.logprob_kl, two.logprob_kl),
         ("expert_overlap", one.expert_overlap, two.expert_overlap),
     ] {
         close(a, b, &format!("{tag}: {what}"));
     }
+    // A maximum over tokens: one token's log-prob moves with the weights, which may differ by up
+    // to 1e-6 after a step (summation order over ranks), times the fan-in. On a freshly generated
+    // tiny MoE the second step's maximum differed by 1.9e-6 with identical code (2026-12-04).
+    close_within(
+        one.logprob_max_abs_diff,
+        two.logprob_max_abs_diff,
+        1e-5,
+        &format!("{tag}: logprob_max_abs_diff"),
+    );
     assert_eq!(
         (one.policy_tokens, one.routing_replay),
         (two.policy_tokens, two.routing_replay)

@@ -130,7 +130,7 @@ fn failing_gates_exit_1_and_can_be_configured() {
     let gates = dir.path().join("gates.toml");
     std::fs::write(
         &gates,
-        "disable = [\"git_history_rate\", \"unreplayed_token_fraction\"]\n[thresholds]\nlogprob_pearson = 0.9\n",
+        "disable = [\"git_history_rate\", \"unreplayed_token_fraction\"]\n[thresholds]\nlogprob_pearson = 0.9\nlogprob_kl = 0.5\n",
     )
     .unwrap();
     let out = lego()
@@ -149,6 +149,8 @@ fn failing_gates_exit_1_and_can_be_configured() {
             "git_history_rate=0.6",
             "--gate",
             "unreplayed_token_fraction=0.3",
+            "--gate",
+            "logprob_kl=0.5",
         ])
         .arg(dir.path())
         .output()
