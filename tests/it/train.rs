@@ -522,6 +522,47 @@ fn chunked_logprobs_give_the_same_gradients() {
     }
 }
 
+/// Under a sampled distribution (T = 0.5, top-k 50, top-p 0.9 on every policy token) the chunked
+/// head's closed-form gradient, (onehot − q) / T over the support, equals autograd's through the
+/// unchunked tempered, masked log-softmax; and it is not the model's own distribution's gradient.
+#[test]
+fn chunked_logprobs_give_the_same_gradients_under_a_sampled_distribution() {
+    let dir = tiny_moe();
+    let model = Model::load(&dir, Device::Cpu, None).unwrap();
+    let mut batch = moe_samples(&model);
+    drop(model);
+    let own = batch.clone();
+    for s in &mut batch {
+        s.sampling = vec![lego_rl::records::SamplingRun {
+            start: 0,
+            temperature: 0.5,
+            top_k: 50,
+            top_p: 0.9,
+        }];
+    }
+    let run = |batch: &[Sample], chunk: Option<usize>| {
+        let mut t = Trainer::load(&dir, Device::Cpu, None).unwrap();
+        let s = Settings {
+            logprob_chunk: chunk,
+            ..settings()
+        };
+        let m = t.step(batch, Path::new("mem"), &s).unwrap();
+        (t, m)
+    };
+    let (plain, m0) = run(&batch, None);
+    let (chunked, m) = run(&batch, Some(7));
+    let max = max_rel_grad_diff(&plain, &chunked);
+    assert!(max <= 1e-5, "gradients differ by {max} (relative)");
+    let (g0, g) = (m0.grad_norm.unwrap(), m.grad_norm.unwrap());
+    assert!((g0 - g).abs() <= 1e-6 * g0, "grad norm {g0} vs {g}");
+    let (unsampled, _) = run(&own, Some(7));
+    let apart = max_rel_grad_diff(&unsampled, &chunked);
+    assert!(
+        apart > 1e-2,
+        "the sampled distribution's gradient is the model's own ({apart})"
+    );
+}
+
 /// `--freeze`: the parameters the pattern matches come out of the step bit-identical (no update,
 /// no weight decay) while the others move; a pattern that matches no parameter, every
 /// parameter, or is not a regular expression fails naming the flag, and writes nothing.
