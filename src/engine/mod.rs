@@ -169,6 +169,24 @@ pub struct SampledToken {
 /// Where a streaming generation sends each output token as soon as it is produced.
 pub type TokenSink = tokio::sync::mpsc::UnboundedSender<SampledToken>;
 
+/// The request fields that shape the sampling distribution of `s`, every one of them, defaults
+/// included, for the HTTP engines (vLLM's completions body, SGLang's `sampling_params`, which
+/// share these names). Both engines fill a field a request leaves out from the checkpoint's
+/// generation_config.json (Qwen3's: temperature 0.6, top_k 20, top_p 0.95), which would sample
+/// a truncated distribution while the proxy records the request as the model's own.
+pub(crate) fn distribution_fields(s: &crate::records::Sampling) -> [(&'static str, serde_json::Value); 7] {
+    use serde_json::json;
+    [
+        ("temperature", json!(s.temperature.unwrap_or(1.0))),
+        ("top_p", json!(s.top_p.unwrap_or(1.0))),
+        ("top_k", json!(s.top_k.map_or(-1, i64::from))),
+        ("min_p", json!(0.0)),
+        ("repetition_penalty", json!(1.0)),
+        ("presence_penalty", json!(0.0)),
+        ("frequency_penalty", json!(0.0)),
+    ]
+}
+
 /// A token-level inference backend.
 pub trait Backend: Send + Sync {
     /// A short id recorded in every capture (`vllm:http://…`, `embedded`).

@@ -47,7 +47,8 @@ pub(super) fn choose(
             let next = sample_probs(&scratch.probs, rng);
             (next, (t != 1.0).then(|| scratch.probs[next as usize].ln()))
         }
-        None if is_greedy(req) => (row.argmax(0, false).int64_value(&[]) as u32, None),
+        // Temperature 0 (or below 1e-6): the mode, picked by argmax.
+        None if req.sampling.is_greedy() => (row.argmax(0, false).int64_value(&[]) as u32, None),
         None => {
             copy_into(&(row - f64::from(lse)), &mut scratch.logp);
             let (next, logprob) = sample(&scratch.logp, req, rng);
@@ -85,9 +86,9 @@ pub(super) fn forced_logprob(
 /// The temperature when sampling is plain temperature sampling (no top-k, no top-p < 1).
 fn plain_temperature(req: &GenerateRequest) -> Option<f32> {
     let s = &req.sampling;
-    let temperature = s.temperature.unwrap_or(1.0) as f32;
     let top_k = s.top_k.filter(|&k| k > 0);
-    (temperature > 1e-6 && top_k.is_none() && s.top_p.is_none_or(|p| p >= 1.0)).then_some(temperature)
+    (!s.is_greedy() && top_k.is_none() && s.top_p.is_none_or(|p| p >= 1.0))
+        .then_some(s.temperature.unwrap_or(1.0) as f32)
 }
 
 /// One draw from `probs` (summing to ~1): one pass, no sort. Rounding that leaves a sliver of
@@ -101,11 +102,6 @@ fn sample_probs(probs: &[f32], rng: &mut impl Rng) -> u32 {
         u -= p;
     }
     argmax(probs)
-}
-
-/// Temperature 0 (or below 1e-6): the mode, picked by argmax.
-fn is_greedy(req: &GenerateRequest) -> bool {
-    req.sampling.temperature.unwrap_or(1.0) as f32 <= 1e-6
 }
 
 /// The candidates a top-k / top-p sampler draws from: the tempered log-probs, the most likely
@@ -167,11 +163,16 @@ impl Support {
         self.keep - 1
     }
 
+    /// Log-prob of the `i`-th kept candidate, renormalised over the support.
+    fn logprob_at(&self, i: usize) -> f32 {
+        (self.probs[i] / self.kept).ln()
+    }
+
     /// Log-prob of `token` renormalised over the support plus `token` (`logp`: the untempered
     /// row the support was made from).
     fn logprob_of(&self, token: u32, logp: &[f32]) -> f32 {
         match self.cand[..self.keep].iter().position(|c| c.0 == token) {
-            Some(i) => (self.probs[i] / self.kept).ln(),
+            Some(i) => self.logprob_at(i),
             None => {
                 let p = (logp[token as usize] / self.temperature - self.max).exp() / self.total;
                 (p / (self.kept + p)).ln()
@@ -184,12 +185,12 @@ impl Support {
 /// sampling is [`sample_probs`]); returns the token and its log-prob renormalised over the
 /// support (0 for greedy).
 fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> (u32, f32) {
-    if is_greedy(req) {
+    if req.sampling.is_greedy() {
         return (argmax(logp), 0.0);
     }
     let support = Support::of(logp, req);
     let i = support.draw(rng);
-    (support.cand[i].0, (support.probs[i] / support.kept).ln())
+    (support.cand[i].0, support.logprob_at(i))
 }
 
 /// The largest logit and `sum(exp(logit - max))`, the softmax's normalizer (summed in f64: the

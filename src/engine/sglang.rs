@@ -42,20 +42,15 @@ impl SglangBackend {
         let s = &req.sampling;
         let mut params = json!({
             "max_new_tokens": s.max_tokens.unwrap_or(1024),
-            "temperature": s.temperature.unwrap_or(1.0),
             "stop_token_ids": req.stop_token_ids,
             "skip_special_tokens": false,
             "no_stop_trim": true,
         });
-        // Every field that shapes the distribution is sent, defaults included: SGLang, like vLLM,
-        // can fill omitted ones from the checkpoint's generation_config.json (`--sampling-defaults
-        // model`), which would sample a truncated distribution recorded as the model's own.
-        params["top_p"] = json!(s.top_p.unwrap_or(1.0));
-        params["top_k"] = json!(s.top_k.map_or(-1, i64::from));
-        params["min_p"] = json!(0.0);
-        params["repetition_penalty"] = json!(1.0);
-        params["presence_penalty"] = json!(0.0);
-        params["frequency_penalty"] = json!(0.0);
+        // SGLang, like vLLM, can fill omitted fields from generation_config.json
+        // (`--sampling-defaults model`).
+        for (field, value) in super::distribution_fields(s) {
+            params[field] = value;
+        }
         if let Some(seed) = s.seed {
             params["sampling_seed"] = json!(seed);
         }

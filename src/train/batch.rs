@@ -46,8 +46,6 @@ pub struct Traj {
     pub policy_version: u64,
     pub advantage: f64,
     pub contributes: bool,
-    /// Policy tokens over all segments.
-    pub tokens: usize,
 }
 
 /// Sequences, trajectories and group statistics of one step's input.
@@ -96,7 +94,6 @@ impl Batch {
                     policy_version: s.policy_version,
                     advantage: 0.0,
                     contributes: false,
-                    tokens: 0,
                 });
                 batch.trajs.len() - 1
             });
@@ -116,7 +113,6 @@ impl Batch {
                     ),
                 ));
             }
-            t.tokens += seq.pred_at.len();
             batch.seqs.push(Seq { traj: ti, ..seq });
         }
         let mut groups: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
@@ -246,7 +242,6 @@ fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<(f32, i64, f32)>, 
     if runs.iter().all(SamplingRun::is_model) {
         return Ok(Vec::new());
     }
-    const MODEL: (f32, i64, f32) = (1.0, 0, NO_TOP_P);
     let mut out = vec![MODEL; n];
     for (i, run) in runs.iter().enumerate() {
         let start = run.start as usize;
@@ -278,6 +273,9 @@ fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<(f32, i64, f32)>, 
 /// The top-p of a position without one: no float sum of probabilities reaches it.
 const NO_TOP_P: f32 = 2.0;
 
+/// A token drawn from the model's own distribution, as [`Seq::sampled`] holds it.
+const MODEL: (f32, i64, f32) = (1.0, 0, NO_TOP_P);
+
 /// The head's [`Processing`] of the scored positions of micro-batch `mb` (in the order
 /// `Trainer::inputs` lays them out: each sequence's `pred_at` in turn), or `None` when every
 /// token was drawn from the model's own distribution.
@@ -288,16 +286,17 @@ pub fn processing(seqs: &[Seq], mb: &[usize], device: Device) -> Option<Processi
     let (mut t, mut k, mut p) = (Vec::new(), Vec::new(), Vec::new());
     for &i in mb {
         let s = &seqs[i];
-        if s.sampled.is_empty() {
-            t.extend(std::iter::repeat_n(1.0f32, s.pred_at.len()));
-            k.extend(std::iter::repeat_n(0i64, s.pred_at.len()));
-            p.extend(std::iter::repeat_n(NO_TOP_P, s.pred_at.len()));
+        let own;
+        let rows = if s.sampled.is_empty() {
+            own = vec![MODEL; s.pred_at.len()];
+            &own
         } else {
-            for &(a, b, c) in &s.sampled {
-                t.push(a);
-                k.push(b);
-                p.push(c);
-            }
+            &s.sampled
+        };
+        for &(a, b, c) in rows {
+            t.push(a);
+            k.push(b);
+            p.push(c);
         }
     }
     let on = |v: Tensor| v.to_device(device);

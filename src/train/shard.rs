@@ -209,7 +209,6 @@ mod tests {
             policy_version: 0,
             advantage: 0.0,
             contributes: true,
-            tokens: 0,
         };
         let batch = Batch {
             seqs: vec![seq(0, 10), seq(1, 8), seq(2, 5), seq(0, 2), seq(3, 4)],

@@ -197,10 +197,14 @@ async fn honoured_sampling_records_and_trains_the_tempered_nucleus_it_drew_from(
     };
     assert_eq!(samples[0].sampling, vec![run]);
 
-    let model = Model::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
-    let mut s = crate::train::settings();
-    s.optim.lr = 1e-9;
-    let m = Trainer::new(model).step(&samples, Path::new("mem"), &s).unwrap();
+    // train-step's agreement figures on these samples (a fresh tiny MoE each time).
+    let recompute = |samples: &[lego_rl::records::Sample]| {
+        let model = Model::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
+        let mut s = crate::train::settings();
+        s.optim.lr = 1e-9;
+        Trainer::new(model).step(samples, Path::new("mem"), &s).unwrap()
+    };
+    let m = recompute(&samples);
     let (pearson, diff) = (m.logprob_pearson.unwrap(), m.logprob_max_abs_diff.unwrap());
     eprintln!(
         "recomputed sampled distribution: Pearson {pearson}, max |Δ| {diff}, KL {:?}",
@@ -214,8 +218,7 @@ async fn honoured_sampling_records_and_trains_the_tempered_nucleus_it_drew_from(
     for s in &mut samples {
         s.sampling.clear();
     }
-    let model = Model::load(&crate::model::tiny_moe(), Device::Cpu, None).unwrap();
-    let m = Trainer::new(model).step(&samples, Path::new("mem"), &s).unwrap();
+    let m = recompute(&samples);
     let (pearson_t1, diff_t1) = (m.logprob_pearson.unwrap(), m.logprob_max_abs_diff.unwrap());
     // Pearson alone cannot tell: within one generation log q ≈ log p / T + c, an affine map.
     eprintln!(

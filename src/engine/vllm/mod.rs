@@ -162,7 +162,6 @@ impl VllmBackend {
             "model": model,
             "prompt": prompt,
             "max_tokens": max_tokens,
-            "temperature": s.temperature.unwrap_or(1.0),
             "logprobs": 0,
             "return_tokens_as_token_ids": true,
             "return_token_ids": true,
@@ -172,16 +171,9 @@ impl VllmBackend {
             "stop_token_ids": req.stop_token_ids,
             "n": 1,
         });
-        // Every field that shapes the distribution is sent, defaults included: vLLM fills the
-        // ones a request leaves out from the checkpoint's generation_config.json (Qwen3's:
-        // temperature 0.6, top_k 20, top_p 0.95), which would sample a truncated distribution
-        // while the proxy records the request as the model's own.
-        body["top_p"] = json!(s.top_p.unwrap_or(1.0));
-        body["top_k"] = json!(s.top_k.map_or(-1, i64::from));
-        body["min_p"] = json!(0.0);
-        body["repetition_penalty"] = json!(1.0);
-        body["presence_penalty"] = json!(0.0);
-        body["frequency_penalty"] = json!(0.0);
+        for (field, value) in super::distribution_fields(s) {
+            body[field] = value;
+        }
         if let Some(seed) = s.seed {
             body["seed"] = json!(seed);
         }
