@@ -402,15 +402,25 @@ fn memory_plan(
     world: usize,
     device_memory: Option<u64>,
 ) -> anyhow::Result<Plan> {
-    let dtype = match args.dtype.as_deref().or(cfg.dtype.as_deref()) {
-        Some(d) => parse_kind(d).with_context(|| format!("dtype {d}: expected float32 or bfloat16"))?,
-        None => tch::Kind::Float,
-    };
+    let kind = |d: &str| parse_kind(d).with_context(|| format!("dtype {d}: expected float32 or bfloat16"));
+    let stored_dtype = cfg
+        .dtype
+        .as_deref()
+        .map(kind)
+        .transpose()?
+        .unwrap_or(tch::Kind::Float);
+    let dtype = args
+        .dtype
+        .as_deref()
+        .map(kind)
+        .transpose()?
+        .unwrap_or(stored_dtype);
     let spec = PlanSpec {
         world_size: world,
         expert_parallel: args.expert_parallel,
         zero: args.zero.map_or(world > 1, |z| z == 1),
         dtype,
+        stored_dtype,
         micro_batch_tokens: args.micro_batch_tokens.max(1) as u64,
         activation_checkpointing: args.activation_checkpointing,
         logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk as u64),

@@ -257,6 +257,11 @@ impl Model {
         self.vs.device()
     }
 
+    /// The dtype variable `name` is saved in ([`Model::save`]).
+    pub fn stored_kind(&self, name: &str) -> Kind {
+        self.var_kinds.get(name).copied().unwrap_or(self.file_kind)
+    }
+
     /// Variables sorted by name.
     pub fn named_variables(&self) -> Vec<(String, Tensor)> {
         let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();

@@ -232,8 +232,9 @@ impl Trainer {
             .expect("invariant: called under expert parallelism");
         let (experts, dense) = split_experts(params);
         let e = ep.size();
-        let mut dz = ZeroAdamW::new(&dense, pg, s.bucket_elems).with_expert_parallel(e);
-        let mut ez = ZeroAdamW::new(&experts, &ep.expert_dp, s.bucket_elems).with_expert_parallel(e);
+        let stored = &self.opt.stored;
+        let mut dz = ZeroAdamW::new(&dense, stored, pg, s.bucket_elems).with_expert_parallel(e);
+        let mut ez = ZeroAdamW::new(&experts, stored, &ep.expert_dp, s.bucket_elems).with_expert_parallel(e);
         match &self.source {
             Some(dir) if self.zero_saved.is_some() => {
                 dz.load(dir, pg.rank())?;

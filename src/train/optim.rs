@@ -12,6 +12,12 @@
 //! away for almost every element, so a bf16 run would pass every gate and learn nothing. The
 //! masters are saved with the moments (`master.<param>`, fp32) so a resumed run continues
 //! bit-exactly; a checkpoint without them (a fresh download) starts them from its weights.
+//!
+//! A parameter computed in fp32 but stored narrower (`--dtype float32` on a bf16 checkpoint) gets
+//! a master too ([`AdamW::stored`]): each saved checkpoint rounds the weights to bf16, so without
+//! one the next train-step would start from the rounded weights and lose the update all the same.
+//! The parameter is set to its master rounded to the stored dtype, so the trainer computes with
+//! the weights the checkpoint, and so the rollout engine, holds.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -86,6 +92,9 @@ pub struct AdamW {
     exp_avg_sq: BTreeMap<String, Tensor>,
     /// fp32 master copies of the parameters narrower than fp32 (see the module header).
     master: BTreeMap<String, Tensor>,
+    /// The stored dtype of each parameter the checkpoint holds narrower than fp32 while the
+    /// trainer computes it in fp32; set by the trainer before each step (not saved).
+    pub(crate) stored: BTreeMap<String, Kind>,
     /// Tests only: update bf16 parameters in place, without masters (the behaviour before
     /// them), so a test can show what the masters change. Not reachable from the CLI.
     #[doc(hidden)]
@@ -168,14 +177,18 @@ impl AdamW {
                 .exp_avg_sq
                 .entry(name.clone())
                 .or_insert_with(|| g.zeros_like());
-            let narrow = p.kind() != Kind::Float && !self.test_only_no_masters;
+            let stored = self.stored.get(name).copied();
+            let narrow = (p.kind() != Kind::Float || stored.is_some()) && !self.test_only_no_masters;
             let base = match self.master.get(name) {
                 Some(master) if narrow => master.shallow_clone(),
                 _ => p.to_kind(Kind::Float),
             };
             let new = adamw_update(base, &g, m, v, p.dim() > 1, lr, bc, cfg);
             let mut p = p.shallow_clone();
-            p.copy_(&new.to_kind(p.kind()));
+            match stored.filter(|_| narrow) {
+                Some(kind) => p.copy_(&new.to_kind(kind).to_kind(p.kind())),
+                None => p.copy_(&new.to_kind(p.kind())),
+            };
             if narrow {
                 self.master.insert(name.clone(), new);
             }

@@ -52,6 +52,9 @@ pub struct PlanSpec {
     pub zero: bool,
     /// Weight and compute dtype.
     pub dtype: Kind,
+    /// The checkpoint's dtype (the saved weights keep it): fp32 compute of a narrower checkpoint
+    /// keeps masters as well.
+    pub stored_dtype: Kind,
     pub micro_batch_tokens: u64,
     pub activation_checkpointing: bool,
     /// LM-head positions per chunk (`None`: unchunked).
@@ -200,7 +203,7 @@ pub fn plan(cfg: &Config, spec: &PlanSpec) -> Result<Plan, PlanError> {
     };
     let held = if spec.zero { shard(local) } else { local };
     let optimizer = bytes(held, 2 * F32);
-    let masters = if b < F32 {
+    let masters = if b < F32 || spec.stored_dtype != Kind::Float {
         bytes(held, F32)
     } else {
         Split::default()

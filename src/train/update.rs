@@ -4,7 +4,7 @@
 //! round each gradient to 8 significant bits before the fp32 master sees it); the ZeRO state
 //! laid out, loaded or re-sharded before any compute; and the memory the step's state takes.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares};
 use super::trainer::{Settings, Trainer};
@@ -67,6 +67,13 @@ impl Trainer {
         s: &Settings,
         pg: &ProcessGroup,
     ) -> Result<(), TrainError> {
+        // fp32 compute of weights stored narrower keeps masters too (see super::optim).
+        self.opt.stored = params
+            .iter()
+            .map(|(name, p)| (name, p.kind(), self.model.stored_kind(name)))
+            .filter(|&(_, compute, stored)| compute == Kind::Float && stored != Kind::Float)
+            .map(|(name, _, stored)| (name.clone(), stored))
+            .collect();
         let source = self.source.clone().unwrap_or_default();
         if let (Some(saved), false) = (&self.zero_saved, s.zero) {
             return Err(TrainError::OptimizerState {
@@ -85,7 +92,7 @@ impl Trainer {
         if self.expert.is_some() {
             return self.prepare_zero_ep(params, s, pg);
         }
-        let mut zero = ZeroAdamW::new(params, pg, s.bucket_elems);
+        let mut zero = ZeroAdamW::new(params, &self.opt.stored, pg, s.bucket_elems);
         if self.zero_saved.is_some() {
             zero.load(&source, pg.rank())?;
         } else if self.opt.has_moments() {

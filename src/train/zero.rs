@@ -8,9 +8,11 @@
 //! chunks are all-gathered back into the parameters. AdamW is elementwise, so this is the same
 //! update as one process applying it to whole tensors.
 //!
-//! A bucket narrower than fp32 (bf16) also keeps this rank's chunk of the fp32 master weights
-//! ([`super::optim`]'s header says why): AdamW updates the master chunk, the bf16 chunk is
-//! copied from it and all-gathered. They are saved as `master.B` beside the moments.
+//! A bucket narrower than fp32 (bf16), or stored narrower than it is computed (`--dtype float32`
+//! on a bf16 checkpoint), also keeps this rank's chunk of the fp32 master weights
+//! ([`super::optim`]'s header says why): AdamW updates the master chunk, the parameters' chunk is
+//! copied from it (rounded to the stored dtype) and all-gathered. They are saved as `master.B`
+//! beside the moments.
 //!
 //! On disk (beside the checkpoint): `optimizer/zero.json` (world size and bucket layout) and
 //! `optimizer/rank-RRRRR.safetensors` (`exp_avg.B` and `exp_avg_sq.B`, one fp32 chunk per
@@ -72,6 +74,9 @@ struct Bucket {
     offsets: Vec<i64>,
     numels: Vec<i64>,
     kind: Kind,
+    /// The dtype the checkpoint stores the bucket's parameters in: a bucket keeps masters when it
+    /// is narrower than fp32, and its updated values are rounded to it.
+    stored: Kind,
     /// Elements per rank (the padded bucket is world_size × chunk).
     chunk: i64,
 }
@@ -124,15 +129,23 @@ pub fn expert_folder(dir: &Path, r: usize, n: usize) -> PathBuf {
 }
 
 impl ZeroAdamW {
-    /// Lays out `params` over `pg`'s ranks with fresh (zero) moments.
-    pub fn new(params: &[(String, Tensor)], pg: &ProcessGroup, bucket_elems: i64) -> Self {
+    /// Lays out `params` over `pg`'s ranks with fresh (zero) moments. `stored`: the stored dtype
+    /// of the parameters stored narrower than they are computed ([`AdamW::stored`]).
+    pub fn new(
+        params: &[(String, Tensor)],
+        stored: &std::collections::BTreeMap<String, Kind>,
+        pg: &ProcessGroup,
+        bucket_elems: i64,
+    ) -> Self {
         let world = pg.world_size() as i64;
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut layout = Vec::new();
         for (i, (name, p)) in params.iter().enumerate() {
             let n = p.numel() as i64;
+            let store = stored.get(name).copied().unwrap_or(p.kind());
             let fits = buckets.last().is_some_and(|b: &Bucket| {
                 b.kind == p.kind()
+                    && b.stored == store
                     && b.offsets.last().unwrap_or(&0) + b.numels.last().unwrap_or(&0) + n <= bucket_elems
             });
             if !fits {
@@ -141,6 +154,7 @@ impl ZeroAdamW {
                     offsets: Vec::new(),
                     numels: Vec::new(),
                     kind: p.kind(),
+                    stored: store,
                     chunk: 0,
                 });
                 layout.push(BucketLayout {
@@ -223,7 +237,7 @@ impl ZeroAdamW {
             };
             self.exp_avg[bi] = pick(0);
             self.exp_avg_sq[bi] = pick(1);
-            if b.kind != Kind::Float {
+            if b.stored != Kind::Float {
                 let parts: Vec<Tensor> = b
                     .params
                     .iter()
@@ -375,7 +389,7 @@ impl ZeroAdamW {
                 Some(params[i].1.detach().reshape([-1]))
             });
             let mine = chunk_of(&flat, b, rank as usize);
-            if b.kind != Kind::Float && self.master[bi].is_none() {
+            if b.stored != Kind::Float && self.master[bi].is_none() {
                 self.master[bi] = Some(mine.to_kind(Kind::Float));
             }
             let (lo_chunk, hi_chunk) = (rank * b.chunk, (rank + 1) * b.chunk);
@@ -401,7 +415,7 @@ impl ZeroAdamW {
                 if let Some(mut w) = master {
                     w.copy_(&new);
                 }
-                seg.copy_(&new.to_kind(b.kind));
+                seg.copy_(&new.to_kind(b.stored).to_kind(b.kind));
             }
             let what = format!("updated parameters, bucket {}/{}", bi + 1, self.buckets.len());
             pg.all_gather(&flat, &mine, &what)?;

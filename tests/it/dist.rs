@@ -157,7 +157,7 @@ fn worker() {
             let sum = sums[0].as_ref().unwrap();
             assert_eq!(sum.kind(), Kind::Float, "all-reduced gradient dtype");
             assert_eq!(f32s(sum), [want; 6], "all-reduced bf16 gradients");
-            let zero = ZeroAdamW::new(&params, &pg, 1 << 20);
+            let zero = ZeroAdamW::new(&params, &Default::default(), &pg, 1 << 20);
             let chunks = zero.reduce_scatter(&params, &[true], &pg).unwrap();
             assert_eq!(chunks[0].kind(), Kind::Float, "reduce-scattered gradient dtype");
             assert_eq!(f32s(&chunks[0]), [want; 3], "reduce-scattered bf16 gradients");

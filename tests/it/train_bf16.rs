@@ -69,11 +69,12 @@ pub fn samples(ckpt: &Path) -> Vec<Sample> {
 }
 
 /// [`STEPS`] train-steps from `ckpt`, each loading the last one's checkpoint (optimizer state
-/// and masters from disk), into `out/step-K`; returns the last checkpoint.
-fn train(ckpt: &Path, samples: &[Sample], out: &Path, masters: bool) -> PathBuf {
+/// and masters from disk), into `out/step-K`, computing in `kind` (`--dtype`; the checkpoint's
+/// when `None`); returns the last checkpoint.
+fn train(ckpt: &Path, samples: &[Sample], out: &Path, masters: bool, kind: Option<Kind>) -> PathBuf {
     let mut from = ckpt.to_path_buf();
     for k in 0..STEPS {
-        let mut t = Trainer::load(&from, Device::Cpu, None).unwrap();
+        let mut t = Trainer::load(&from, Device::Cpu, kind).unwrap();
         t.opt.test_only_no_masters = !masters;
         t.step(samples, Path::new("samples"), &settings()).unwrap();
         let next = out.join(format!("step-{}", k + 1));
@@ -118,9 +119,17 @@ fn bf16_checkpoint_learns_like_fp32_through_masters_and_not_without() {
     let fp32 = tmp.path().join("fp32-start");
     fp32_copy(&bf16, &fp32);
     let samples = samples(&fp32);
-    let run32 = train(&fp32, &samples, &tmp.path().join("fp32"), true);
-    let run16 = train(&bf16, &samples, &tmp.path().join("bf16"), true);
-    let bare16 = train(&bf16, &samples, &tmp.path().join("bf16-no-masters"), false);
+    let run32 = train(&fp32, &samples, &tmp.path().join("fp32"), true, None);
+    let run16 = train(&bf16, &samples, &tmp.path().join("bf16"), true, None);
+    let bare16 = train(&bf16, &samples, &tmp.path().join("bf16-no-masters"), false, None);
+    // `--dtype float32` on the bf16 checkpoint: fp32 compute, bf16 saved weights.
+    let up16 = train(
+        &bf16,
+        &samples,
+        &tmp.path().join("bf16-fp32-compute"),
+        true,
+        Some(Kind::Float),
+    );
 
     let w0 = read(&bf16.join("model.safetensors"));
     assert!(w0.values().all(|t| t.kind() == Kind::BFloat16));
@@ -179,6 +188,26 @@ fn bf16_checkpoint_learns_like_fp32_through_masters_and_not_without() {
     assert!(
         err_bare > 0.5,
         "without masters the bf16 run should lose most of its updates: {err_bare}"
+    );
+    // fp32 compute keeps masters too: its saved bf16 weights round away as much otherwise, since
+    // every train-step starts from the last one's saved (rounded) weights.
+    let w_up = read(&up16.join("model.safetensors"));
+    assert!(w_up.values().all(|t| t.kind() == Kind::BFloat16));
+    let err_up = rel_err(&delta(&w_up, &w0), &want);
+    let up_masters: BTreeMap<String, Tensor> = read(&up16.join("optimizer.safetensors"))
+        .into_iter()
+        .filter_map(|(n, t)| Some((n.strip_prefix("master.")?.to_string(), t)))
+        .collect();
+    eprintln!("--dtype float32 on the bf16 checkpoint: relative error of the weight change {err_up:.4}");
+    assert!(
+        err_up < 0.15,
+        "fp32 compute of the bf16 checkpoint lost its updates: {err_up}"
+    );
+    assert_eq!(up_masters.len(), w0.len(), "a master per trained parameter");
+    let err_up_master = rel_err(&delta(&up_masters, &w0), &delta(&w32, &w0));
+    assert!(
+        err_up_master < 0.1,
+        "masters vs the fp32 run's weights: {err_up_master}"
     );
 }
 
