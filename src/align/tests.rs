@@ -482,3 +482,40 @@ fn sampling_runs_follow_the_generations_and_unfaithful_log_probs_are_dropped() {
     assert_eq!(stats.aligned_turns, 1);
     assert!(samples.iter().all(|s| s.sampling.is_empty()));
 }
+
+#[test]
+fn policy_version_runs_follow_the_generations_that_spanned_a_reload() {
+    let sys = json!({"role": "system", "content": "s"});
+    let user = json!({"role": "user", "content": "u"});
+    let a0 = json!({"role": "assistant", "content": "first"});
+    let a1 = json!({"role": "assistant", "content": "second"});
+    let turn = |index: u32, messages: Value, prompt: Vec<u32>, output: Vec<u32>, version: u64| Generation {
+        policy_version: version,
+        ..generation(index, "openai", chat_request(messages), prompt, output, vec![])
+    };
+    let later = json!([sys, user, a0, {"role": "user", "content": "x"}]);
+    let last = json!([sys, user, a0, {"role": "user", "content": "x"}, a1, {"role": "user", "content": "y"}]);
+    // The trajectory started on policy 3 (`trajectory`); its second and third turns ran after
+    // reloads to 4 and 5. The first generation records 0 (a producer that does not fill it):
+    // never older than its trajectory, so it counts as 3.
+    let gens = vec![
+        turn(0, json!([sys, user]), vec![1, 2], vec![10, 11], 0),
+        turn(1, later.clone(), vec![1, 2, 10, 11, 5], vec![20, 21, 22], 4),
+        turn(2, last.clone(), vec![1, 2, 10, 11, 5, 20, 21, 22, 6], vec![30], 5),
+    ];
+    let (samples, stats) = align(&trajectory(gens));
+    assert_eq!(samples.len(), 1, "{stats:?}");
+    let run = |start, version| crate::records::VersionRun { start, version };
+    assert_eq!(samples[0].policy_versions, vec![run(0, 3), run(2, 4), run(5, 5)]);
+    assert_eq!(samples[0].token_versions(6), vec![3, 3, 4, 4, 4, 5]);
+    assert_eq!(samples[0].policy_version, 3);
+
+    // All on the trajectory's version: no runs, and every token is version 3.
+    let gens = vec![
+        turn(0, json!([sys, user]), vec![1, 2], vec![10, 11], 3),
+        turn(1, later, vec![1, 2, 10, 11, 5], vec![20, 21, 22], 3),
+    ];
+    let (samples, _) = align(&trajectory(gens));
+    assert!(samples[0].policy_versions.is_empty());
+    assert_eq!(samples[0].token_versions(5), vec![3; 5]);
+}

@@ -23,7 +23,8 @@ use super::messages::{common_prefix, link, same_message, Link};
 use super::{AlignError, Settings};
 use crate::chat::{Conversation, Message, Role, ToolCallIds};
 use crate::records::{
-    AlignStats, Generation, LossMask, Packed, Record, Sample, SamplingRun, Trajectory, CONTEXT_LIMIT,
+    AlignStats, Generation, LossMask, Packed, Record, Sample, SamplingRun, Trajectory, VersionRun,
+    CONTEXT_LIMIT,
 };
 
 /// A generation's recorded routing, decoded.
@@ -397,6 +398,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
         let mut mask = vec![false; tokens.len()];
         let mut lps = Vec::new();
         let mut sampling: Vec<SamplingRun> = Vec::new();
+        let mut versions: Vec<VersionRun> = Vec::new();
         let mut trained_here = Vec::new();
         for &k in &path {
             if trained[k] {
@@ -407,6 +409,12 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             let p = n.g.prompt_ids.len();
             mask[p..n.seq_len()].fill(true);
             push_run(&mut sampling, SamplingRun::of(&n.g.sampling, lps.len() as u32));
+            push_version(
+                &mut versions,
+                t.policy_version,
+                n.g.policy_version,
+                lps.len() as u32,
+            );
             lps.extend_from_slice(&n.logprobs);
             trained_here.push(n.g.index);
             stats.aligned_turns += 1;
@@ -448,6 +456,7 @@ pub fn align_trajectory(t: &Trajectory, s: &Settings) -> Result<(Vec<Sample>, Al
             reward: t.reward.unwrap_or(0.0),
             weight,
             policy_version: t.policy_version,
+            policy_versions: versions,
             metadata,
         });
     }
@@ -475,6 +484,29 @@ fn push_run(runs: &mut Vec<SamplingRun>, run: SamplingRun) {
         Some(last) if last.same_distribution(&run) => {}
         None if run.is_model() => {}
         _ => runs.push(run),
+    }
+}
+
+/// Appends a run for a generation of policy `version` whose tokens start at policy token
+/// `start`, in a trajectory that started on `first`. No runs while every token is `first`'s (the
+/// usual case); once one differs, the runs cover every token from 0. A generation can never be
+/// older than its trajectory (versions only grow), so an older or absent one (0, a record from a
+/// producer that does not fill it) counts as `first`.
+fn push_version(runs: &mut Vec<VersionRun>, first: u64, version: u64, start: u32) {
+    let version = version.max(first);
+    match runs.last() {
+        Some(last) if last.version == version => {}
+        None if version == first => {}
+        None => {
+            if start > 0 {
+                runs.push(VersionRun {
+                    start: 0,
+                    version: first,
+                });
+            }
+            runs.push(VersionRun { start, version });
+        }
+        Some(_) => runs.push(VersionRun { start, version }),
     }
 }
 

@@ -25,7 +25,8 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// Write CSV tables and an HTML report of a run, or serve it live.
 ///
 /// Static mode (`-o OUT`) writes OUT/index.html — one self-contained file (inline CSS, JS and
-/// SVG plots; no network) — and OUT/steps.csv, tasks.csv, harnesses.csv, terminations.csv.
+/// SVG plots; no network) — and OUT/steps.csv, staleness.csv, tasks.csv, harnesses.csv,
+/// terminations.csv.
 /// The page embeds summaries of every step and the full detail (messages, tool calls and
 /// outputs, grader, stages, per-token log-prob differences) of at most `--max-trajectories`
 /// trajectories, spread over the trajectory files. Open one with `index.html#traj=<id>`.

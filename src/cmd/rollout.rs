@@ -22,9 +22,10 @@ use crate::sandbox::DEFAULT_BASE_IMAGE;
 /// already written and never duplicates one. Group ids are --first-group + epoch.
 ///
 /// With --follow, before each group the newest complete checkpoint (step-NNNNNN/ with
-/// lego-rl.json) under the root is loaded once the trials in flight are done, and trajectories
-/// carry its policy version; a group finishing more than --max-staleness versions behind the newest
-/// checkpoint is run again. Exits 0 when it ran (infra failures are recorded as `infra:<stage>`
+/// lego-rl.json) under the root is loaded once the trials in flight are done (with
+/// --reload-in-flight, between their generations instead), and trajectories carry its policy
+/// version; a group finishing more than --max-staleness versions behind the newest checkpoint is
+/// run again. Exits 0 when it ran (infra failures are recorded as `infra:<stage>`
 /// trajectories with infra_failure set, and counted), 1 when every trial of the run failed for
 /// infrastructure reasons, 2 on errors.
 ///
@@ -99,6 +100,13 @@ pub struct RolloutArgs {
     /// Policy versions a finished group may lag behind the newest checkpoint (with --follow).
     #[arg(long, default_value_t = 1)]
     pub max_staleness: u64,
+    /// With --follow: load a newer checkpoint as soon as it appears, between the generations of
+    /// the trials in flight, instead of once they are done (no idle engine while a long trial
+    /// finishes). A trajectory then spans versions: each generation records the one that produced
+    /// it, and align carries them per token (`Sample::policy_versions`) into train-step's
+    /// staleness figures. The engine's prefix cache is dropped at each load.
+    #[arg(long, requires = "follow")]
+    pub reload_in_flight: bool,
     /// train or eval (recorded in every trajectory; sets the default temperature and
     /// --harness-sampling).
     #[arg(long, value_enum, default_value = "train")]
@@ -203,6 +211,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         max_trajectories: args.max_trajectories,
         follow: args.follow,
         max_staleness: args.max_staleness,
+        reload_in_flight: args.reload_in_flight,
         sampling: Sampling {
             temperature: Some(temperature),
             top_p: args.top_p,

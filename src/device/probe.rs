@@ -143,6 +143,7 @@ fn to_sample(index: usize, req: &GenerateRequest, out: GenerateOutput) -> Result
         reward: if index % 2 == 0 { 1.0 } else { 0.0 },
         weight: 1.0,
         policy_version: 0,
+        policy_versions: Vec::new(),
         metadata: Default::default(),
     })
 }

@@ -383,6 +383,13 @@ pub(super) async fn run_with(
     // gets each one forwarded.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     guard.tokens = Some(rx);
+    // The weights stay as they are until this generation ends (`Proxy::swap_weights`), and the
+    // version is read under the same lock: the capture names the weights that produced it.
+    let serving = state.serving.read().await;
+    record.policy_version = state.policy_version.load(std::sync::atomic::Ordering::SeqCst);
+    if let Some(g) = guard.generation.as_mut() {
+        g.policy_version = record.policy_version;
+    }
     let generation = state.backend.generate_streaming(request, tx);
     tokio::pin!(generation);
     let result = loop {
@@ -398,6 +405,7 @@ pub(super) async fn run_with(
             res = &mut generation => break res,
         }
     };
+    drop(serving);
     // Tokens sent just before the generation finished.
     if let Some(rx) = &mut guard.tokens {
         while let Ok(t) = rx.try_recv() {

@@ -105,7 +105,12 @@ pub(crate) struct State {
     pub backend: Arc<dyn Backend>,
     pub cfg: ProxyConfig,
     pub trials: Mutex<HashMap<String, Arc<Trial>>>,
+    /// The version of the weights the backend serves; changed only under `serving`'s write lock.
     pub policy_version: AtomicU64,
+    /// Held for reading by every generation while the backend runs it, and for writing by a
+    /// weight swap ([`Proxy::swap_weights`]): a generation runs on one version of the weights, and
+    /// records that version exactly, even when rollout reloads while trials are running.
+    pub serving: tokio::sync::RwLock<()>,
 }
 
 /// A running or runnable proxy (cheap to clone).
@@ -123,6 +128,7 @@ impl Proxy {
             cfg,
             trials: Mutex::new(HashMap::new()),
             policy_version: AtomicU64::new(0),
+            serving: tokio::sync::RwLock::new(()),
         };
         let proxy = Proxy {
             state: Arc::new(state),
@@ -163,9 +169,28 @@ impl Proxy {
             .remove(token)
     }
 
-    /// Sets the policy version recorded in new captures (after a weight reload).
+    /// Sets the policy version recorded in new captures: the backend's weights before any
+    /// generation (a swap while generations run goes through [`Self::swap_weights`]).
     pub fn set_policy_version(&self, v: u64) {
         self.state.policy_version.store(v, Ordering::SeqCst);
+    }
+
+    /// Swaps the backend's weights to policy `version` with `load` (the backend's reload): waits
+    /// for the generations in flight to finish on the old weights, holds new ones back while
+    /// `load` runs, and records `version` for those that follow when it succeeds. Requests keep
+    /// arriving meanwhile (their prompts are prepared; their generations wait). Why a lock and
+    /// not a version read when a request arrives: an engine that queues the reload behind running
+    /// work would serve a request that arrived before the swap with the new weights, and the
+    /// capture would name the old version.
+    pub async fn swap_weights<T, E>(
+        &self,
+        version: u64,
+        load: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let _swap = self.state.serving.write().await;
+        let loaded = load.await?;
+        self.state.policy_version.store(version, Ordering::SeqCst);
+        Ok(loaded)
     }
 
     /// The axum router (for embedding in another server or for tests).

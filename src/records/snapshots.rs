@@ -170,6 +170,7 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             reward: 1.0,
             weight: 1.0,
             policy_version: 3,
+            policy_versions: Vec::new(),
             metadata: Default::default(),
         })
     );

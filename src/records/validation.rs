@@ -67,10 +67,17 @@ pub struct StepMetrics {
     /// (a backend that returned none), computed with the trainer's own routing instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreplayed_token_fraction: Option<f64>,
+    /// How many versions older than the one trained (this step's input checkpoint) the policy
+    /// that generated each loss token was: the mean and the maximum over the loss tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staleness_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staleness_max: Option<u64>,
+    /// Loss tokens by staleness: entry `s` counts those `s` versions old (per token: a trajectory
+    /// that spans a reload has tokens of several versions, `Sample::policy_versions`). The report
+    /// sums it over the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub staleness_histogram: Vec<u64>,
     /// The off-policy corrections applied (`train-step --is-correction`, comma-separated:
     /// `tis`, `token-mask`, `seq-mask`, `geo-mask`); absent with none, and so are the `is_*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

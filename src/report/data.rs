@@ -117,6 +117,9 @@ pub struct ReportData {
     pub tool_names: BTreeMap<String, u64>,
     pub validation: Vec<ValidationReport>,
     pub trajectory_count: u64,
+    /// Loss tokens by staleness over the run (entry `s`: generated `s` policy versions before the
+    /// one that trained them), the sum of the steps' `StepMetrics::staleness_histogram`.
+    pub staleness: Vec<u64>,
     /// The trajectories the browser lists (all in live mode; a bounded sample in static mode).
     pub trajectories: Vec<TrajSummary>,
     /// Details embedded in the page (static mode); live mode fetches them.
@@ -383,11 +386,30 @@ pub fn build_embedding(
             row
         })
         .collect();
+    data.staleness = run_staleness(&data.steps);
     data.tasks = tasks.into_iter().map(|(k, a)| a.group(k)).collect();
     data.harnesses = harnesses.into_iter().map(|(k, a)| a.group(k)).collect();
     data.terminations = terms.into_iter().map(|(k, a)| a.group(k)).collect();
     attach_token_diffs(files, opts, &mut data.details)?;
     Ok(data)
+}
+
+/// The steps' staleness histograms summed entry by entry.
+fn run_staleness(steps: &[StepRow]) -> Vec<u64> {
+    let mut sum: Vec<u64> = Vec::new();
+    for h in steps
+        .iter()
+        .filter_map(|r| r.metrics.as_ref())
+        .map(|m| &m.staleness_histogram)
+    {
+        if sum.len() < h.len() {
+            sum.resize(h.len(), 0);
+        }
+        for (s, n) in sum.iter_mut().zip(h) {
+            *s += n;
+        }
+    }
+    sum
 }
 
 /// The accumulator and row of `step`, created empty on first use.
@@ -445,7 +467,7 @@ pub fn metric_columns(rows: &[StepRow]) -> Vec<String> {
                 for (k, v) in o {
                     if k != "schema"
                         && k != "step"
-                        && !matches!(v, Value::Object(_))
+                        && !matches!(v, Value::Object(_) | Value::Array(_))
                         && seen.insert(k.clone())
                     {
                         cols.push(k);

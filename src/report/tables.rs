@@ -136,10 +136,32 @@ pub fn group_csv(name: &str, key: &str, rows: &[GroupRow]) -> Result<Vec<u8>, Re
     finish(w, name)
 }
 
+/// `staleness.csv`: per step, loss tokens by how many policy versions old they were (the
+/// step's `staleness_histogram` in long form; steps without one are left out).
+pub fn staleness_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
+    let name = "staleness.csv";
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["step", "versions_behind", "tokens"])
+        .map_err(csv_err(name))?;
+    for r in &d.steps {
+        let hist = r
+            .metrics
+            .as_ref()
+            .map(|m| m.staleness_histogram.as_slice())
+            .unwrap_or(&[]);
+        for (behind, tokens) in hist.iter().enumerate() {
+            w.write_record([r.step.to_string(), behind.to_string(), tokens.to_string()])
+                .map_err(csv_err(name))?;
+        }
+    }
+    finish(w, name)
+}
+
 /// Every table as (file name, bytes).
 pub fn all(d: &ReportData) -> Result<Vec<(&'static str, Vec<u8>)>, ReportError> {
     Ok(vec![
         ("steps.csv", steps_csv(d)?),
+        ("staleness.csv", staleness_csv(d)?),
         ("tasks.csv", group_csv("tasks.csv", "task_id", &d.tasks)?),
         (
             "harnesses.csv",

@@ -74,6 +74,10 @@ pub struct RolloutConfig {
     pub max_trajectories: Option<u64>,
     pub follow: Option<PathBuf>,
     pub max_staleness: u64,
+    /// Load a newer checkpoint between the generations of the trials in flight instead of after
+    /// them (`rollout --reload-in-flight`; the proxy's [`Proxy::swap_weights`] keeps each
+    /// generation on one version and records it).
+    pub reload_in_flight: bool,
     pub sampling: Sampling,
     /// Whether requests' own temperature/top_p/top_k are ignored (`Pin`, train mode) or used.
     pub harness_sampling: HarnessSampling,
@@ -490,13 +494,15 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                 None => continue,
             }
         };
-        // Between groups: switch to the newest checkpoint once the trials in flight are done.
+        // Between groups: switch to the newest checkpoint once the trials in flight are done, or
+        // (--reload-in-flight) between their generations.
         if let Some(root) = &cfg.follow {
             if let Some(ck) = follow::newest(root)? {
                 let newer = ck.policy_version > policy_version
                     || (ck.policy_version == policy_version && loaded_dir.is_none());
                 if newer && loaded_dir.as_ref() != Some(&ck.dir) {
-                    while let Some(j) = running.join_next().await {
+                    while !cfg.reload_in_flight {
+                        let Some(j) = running.join_next().await else { break };
                         on_done!(j);
                     }
                     tracing::info!(
@@ -505,7 +511,9 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                         ck.policy_version,
                         ck.dir.display()
                     );
-                    let report = reload(ck.dir.clone()).await?;
+                    let report = proxy
+                        .swap_weights(ck.policy_version, reload(ck.dir.clone()))
+                        .await?;
                     let verified = match &report.verification {
                         Some(v) => format!(
                             ", verified: max |Δ log-prob| {:.2e} ≤ {:.2e} over {} probe tokens",
@@ -524,7 +532,6 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                     summary.reload_restarts += u64::from(report.restarts);
                     last_reload = Some(Arc::new(report));
                     policy_version = ck.policy_version;
-                    proxy.set_policy_version(policy_version);
                     loaded_dir = Some(ck.dir.clone());
                     summary.reloads += 1;
                 }

@@ -200,6 +200,7 @@ mod tests {
             rollout_lp: vec![],
             sampled: vec![],
             routing: None,
+            versions: vec![],
         };
         let traj = |id: &str| Traj {
             id: id.into(),

@@ -546,11 +546,8 @@ impl Trainer {
                 .sum::<f64>()
                 / ro.len() as f64
         });
-        let staleness: Vec<u64> = batch
-            .trajs
-            .iter()
-            .map(|t| prev.saturating_sub(t.policy_version))
-            .collect();
+        let staleness = batch.staleness_histogram(prev);
+        let stale_tokens: u64 = staleness.iter().sum();
         let total_tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
         let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
         let (rm, rs) = mean_std(&rewards).unzip();
@@ -581,8 +578,16 @@ impl Trainer {
             logprob_kl: kl,
             expert_overlap: (overlap.1 > 0).then(|| overlap.0 as f64 / overlap.1 as f64),
             routing_replay: None,
-            staleness_mean: mean(&staleness.iter().map(|&x| x as f64).collect::<Vec<_>>()),
-            staleness_max: staleness.iter().copied().max(),
+            staleness_mean: (stale_tokens > 0).then(|| {
+                staleness
+                    .iter()
+                    .enumerate()
+                    .map(|(s, &n)| s as f64 * n as f64)
+                    .sum::<f64>()
+                    / stale_tokens as f64
+            }),
+            staleness_max: staleness.iter().rposition(|&n| n > 0).map(|s| s as u64),
+            staleness_histogram: staleness,
             seconds: Some(f.elapsed),
             extra: Default::default(),
             ..Default::default()

@@ -79,6 +79,9 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
         .args(["--steps", "2", "--group-size", "4", "--concurrency", "2"])
         .arg("--rollout-args")
         .arg(format!("--forced {} --max-turns 6", forced.display()))
+        // TIS at its cap of 2 changes nothing this close to on-policy; it records the spread of
+        // log(π_old/π_rollout) that the stale batch below is compared with.
+        .args(["--train-args", "--is-correction tis"])
         .output()
         .expect("loop.sh runs");
     let log = std::fs::read_to_string(run.join("logs/rollout.log")).unwrap_or_default();
@@ -158,6 +161,93 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
             .unwrap();
     assert_eq!(adv["advisories"], serde_json::json!([]), "{adv:#}");
     summarize_the_demo_run(&run);
+    a_stale_batch_trains_with_the_correction(&run, &tasks, &images);
+}
+
+/// `loop.sh --max-staleness 2` resumed for a third step whose batch checkpoint 0 sampled: batch
+/// 0's trajectories, which step-000000 rolled out, stand in as batch 2 (a rollout that outran the
+/// trainer by two steps, which the run's timing cannot produce on demand). The step trains it
+/// from checkpoint 2 with the token mask on, at bounds the fresh batch of step 1 stays well
+/// inside: the stale batch's log-ratio spread grows, the mask drops tokens, and the staleness is
+/// 2 for every token (metrics, validate's gate, the report).
+fn a_stale_batch_trains_with_the_correction(run: &Path, tasks: &Path, images: &Path) {
+    let traj = |s: u64| run.join(format!("trajectories/step-{s:06}.jsonl.zst"));
+    std::fs::copy(traj(0), traj(2)).expect("copy batch 0");
+    std::fs::write(run.join("trajectories/step-000002.jsonl.zst.done"), "").expect("done");
+    let before: Vec<StepMetrics> = read(&run.join("metrics.jsonl.zst"));
+    let fresh = &before[0];
+    assert_eq!(fresh.is_correction.as_deref(), Some("tis"));
+    assert_eq!(
+        fresh.staleness_histogram,
+        vec![fresh.policy_tokens],
+        "step 1: batch 0, checkpoint 0"
+    );
+    let spread = |m: &StepMetrics| {
+        let (lo, hi) = (
+            m.is_log_ratio_min.expect("is_log_ratio_min"),
+            m.is_log_ratio_max.expect("is_log_ratio_max"),
+        );
+        lo.abs().max(hi.abs())
+    };
+    // Bounds 4× the fresh batch's largest |log ρ| (and never tighter than float noise).
+    let bound = (4.0 * spread(fresh)).max(1e-5);
+    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
+    let out = Command::new(root().join("scripts/loop.sh"))
+        .env("LEGO_RL_BIN", &bin)
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .arg("--run")
+        .arg(run)
+        .arg("--tasks")
+        .arg(tasks)
+        .arg("--images")
+        .arg(images)
+        .args(["--steps", "3", "--max-staleness", "2", "--validate-every", "1000"])
+        .arg("--train-args")
+        .arg(format!(
+            "--is-correction token-mask --is-mask-low {} --is-mask-high {}",
+            (-bound).exp(),
+            bound.exp()
+        ))
+        .output()
+        .expect("loop.sh runs");
+    assert!(
+        out.status.success(),
+        "loop.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics: Vec<StepMetrics> = read(&run.join("metrics.jsonl.zst"));
+    assert_eq!(metrics.len(), 3, "only the third step ran");
+    let stale = &metrics[2];
+    assert_eq!((stale.step, stale.staleness_max), (3, Some(2)));
+    assert_eq!(stale.staleness_histogram, vec![0, 0, stale.policy_tokens]);
+    assert_eq!(stale.policy_tokens, fresh.policy_tokens, "the same trajectories");
+    assert!(
+        spread(stale) > bound && stale.is_log_ratio_std > fresh.is_log_ratio_std,
+        "two updates moved the policy: |log ρ| up to {} (fresh: {}), std {:?} (fresh: {:?})",
+        spread(stale),
+        spread(fresh),
+        stale.is_log_ratio_std,
+        fresh.is_log_ratio_std
+    );
+    let masked = stale.is_masked_token_fraction.expect("is_masked_token_fraction");
+    assert!(masked > 0.0, "the mask dropped tokens beyond exp(±{bound:.2e})");
+    let out = lego().arg("validate").arg(run).output().expect("validate runs");
+    let reports: Vec<ValidationReport> = read(&run.join("validation.jsonl.zst"));
+    let last = reports.last().expect("a validation report");
+    assert_eq!(last.step, Some(3), "{out:?}");
+    let gate = |name: &str| {
+        last.gates
+            .iter()
+            .find(|g| g.name == name)
+            .unwrap_or_else(|| panic!("gate {name}"))
+    };
+    assert_eq!(
+        (gate("staleness_max").value, gate("staleness_max").passed),
+        (Some(2.0), true)
+    );
+    assert_eq!(gate("is_masked_token_fraction").value, Some(masked));
+    let csv = std::fs::read_to_string(run.join("report/staleness.csv")).expect("staleness.csv");
+    assert!(csv.contains(&format!("\n3,2,{}\n", stale.policy_tokens)), "{csv}");
 }
 
 /// `report --summarize` on the demo run with the embedded assistant (the tiny policy: its causes

@@ -570,3 +570,70 @@ async fn context_refusals_are_recorded_and_decide_the_termination_only_when_last
         Termination::Finished
     );
 }
+
+/// `rollout --reload-in-flight`: a weight swap waits for the generation in flight, which keeps
+/// the old weights and records version 0; a request that arrives during the swap runs after it
+/// and records version 1. Without the proxy's lock the engine would queue its reload behind the
+/// running generation and serve that request after it, on the new weights, while the capture,
+/// reading the version before the swap ended, named the old one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_weight_swap_waits_for_the_generation_in_flight_and_labels_the_next_with_its_version() {
+    let dir = crate::model::tiny_moe();
+    let backend = Arc::new(EmbeddedBackend::start(&dir, Device::Cpu).unwrap());
+    let proxy = Proxy::new(chat(), backend.clone(), ProxyConfig::default());
+    let (addr, _) = proxy.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let (token, trial) = proxy.register_trial("task-1/0/0");
+    let url = format!("http://{addr}/t/{token}/v1/chat/completions");
+    let body = |content: &str, max: u32| json!({"model": "qwen3", "messages": [{"role": "user", "content": content}], "max_tokens": max, "seed": 1});
+    let t0 = std::time::Instant::now();
+    // A long generation (a random tiny model almost never ends a turn early).
+    let long = tokio::spawn({
+        let (url, body) = (url.clone(), body("a long answer", 1500));
+        async move {
+            let r = post(&url, &body).await;
+            (r, t0.elapsed())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let swap = tokio::spawn({
+        let (proxy, backend, dir) = (proxy.clone(), backend.clone(), dir.clone());
+        async move {
+            let r = proxy
+                .swap_weights(1, lego_rl::engine::Backend::reload(backend.as_ref(), &dir))
+                .await;
+            (r.map(|_| ()), t0.elapsed())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let sent = t0.elapsed();
+    let (status, resp) = post(&url, &body("a short one", 4)).await;
+    assert_eq!(status, 200, "{resp}");
+    let ((status, resp), long_done) = long.await.unwrap();
+    assert_eq!(status, 200, "{resp}");
+    let (swapped, swap_done) = swap.await.unwrap();
+    swapped.unwrap();
+    assert!(
+        long_done > sent && swap_done > sent,
+        "the long generation ({long_done:?}) and the swap ({swap_done:?}) were still running when \
+         the short request was sent ({sent:?})"
+    );
+    let gens = trial.generations();
+    let versions: Vec<(usize, u64)> = gens
+        .iter()
+        .map(|g| (g.output_ids.len(), g.policy_version))
+        .collect();
+    assert_eq!(gens.len(), 2, "{versions:?}");
+    let short = gens
+        .iter()
+        .find(|g| g.output_ids.len() <= 4)
+        .expect("the short generation");
+    let long = gens
+        .iter()
+        .find(|g| g.output_ids.len() > 4)
+        .expect("the long generation");
+    assert_eq!(
+        (long.policy_version, short.policy_version),
+        (0, 1),
+        "{versions:?}"
+    );
+}

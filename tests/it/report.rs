@@ -170,6 +170,16 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     assert!(terms.contains("max_turns,12,"), "{terms}");
     let tasks = std::fs::read_to_string(out_dir.join("tasks.csv")).unwrap();
     assert_eq!(tasks.lines().count(), 5);
+    // Staleness: per step in long form, and summed over the run into the page's bar chart.
+    let stale = std::fs::read_to_string(out_dir.join("staleness.csv")).unwrap();
+    assert!(
+        stale.starts_with("step,versions_behind,tokens\n0,0,100\n1,0,70\n1,1,30\n"),
+        "{stale}"
+    );
+    assert!(
+        !header.iter().any(|h| h == "metrics_staleness_histogram"),
+        "{header:?}"
+    );
 
     // Run-health advisories: every synth step ends a quarter of its trajectories at max_turns
     // (Miles' truncation threshold, 0.25, fires) and a quarter read git history (any audit event
@@ -280,6 +290,12 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     assert!(
         attr_number(&dom, "bar-termination") == 2 && attr_number(&dom, "bar-tools") == 5,
         "termination and tool bars"
+    );
+    assert!(
+        attr_number(&dom, "bar-staleness") == 2
+            && dom.contains("data-key=\"0 behind\" data-value=\"240\"")
+            && dom.contains("data-key=\"1 behind\" data-value=\"60\""),
+        "the run's staleness histogram (100 + 70 + 70 current, 30 + 30 one version old)"
     );
     assert!(
         dom.contains(&format!("id=\"detail-title\">Trajectory {id}")),

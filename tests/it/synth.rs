@@ -273,6 +273,7 @@ pub fn write_run(dir: &Path, s: &Synth) {
                     reward: t.reward.unwrap_or(0.0),
                     weight: if t.infra_failure { 0.0 } else { 1.0 },
                     policy_version: t.policy_version,
+                    policy_versions: Vec::new(),
                     metadata,
                 }
             })
@@ -313,7 +314,10 @@ pub fn write_run(dir: &Path, s: &Synth) {
             routing_replay: Some(true),
             unreplayed_token_fraction: Some(s.unreplayed),
             logprob_kl: Some(s.kl),
-            staleness_max: Some(0),
+            // Step 0 trains on its own checkpoint's batch; later steps on a batch one version
+            // old in part (the async loop at --max-staleness 1).
+            staleness_max: Some(step.min(1)),
+            staleness_histogram: if step == 0 { vec![100] } else { vec![70, 30] },
             ..Default::default()
         });
     }

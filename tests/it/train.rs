@@ -50,6 +50,7 @@ pub fn sample(
         reward,
         weight,
         policy_version: 0,
+        policy_versions: Vec::new(),
         metadata: Default::default(),
     }
 }
@@ -377,6 +378,7 @@ fn gspo_raises_reward_on_a_toy_task() {
                     reward,
                     weight: 1.0,
                     policy_version: step,
+                    policy_versions: Vec::new(),
                     metadata: Default::default(),
                 });
             }
