@@ -20,7 +20,8 @@
 //!   imports, or compiled bytecode, gets reward 0 with reason `grader_tampering` ([`crate::grade::integrity`]).
 //! - cleanup: containers and network removed on every path (a sweep by label catches the rest).
 //!
-//! The evaluate stage lives in [`evaluate`].
+//! The evaluate stage lives in [`evaluate`]; the whole lifecycle ([`Trial::run`]) in [`lifecycle`];
+//! removal (the cleanup stage and the [`Drop`] backstop) in [`cleanup`].
 //!
 //! Failure classes: engine or setup problems are `infra:<stage>` (weight 0 in training); the agent's
 //! own outcomes are `finished`, `agent_timeout`, `agent_crash`. Sabotage of extraction or grading
@@ -44,8 +45,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod cleanup;
 mod defence;
 mod evaluate;
+mod lifecycle;
 mod observe;
 mod revert;
 mod setup;
@@ -61,7 +64,7 @@ use super::images::{slug, DEFAULT_WORKDIR};
 use super::relay;
 use super::{ContainerSpec, Engine, ExecOutput, SandboxError, AGENT_USER, LABEL_RUN, LABEL_TRIAL};
 use crate::records::{AuditEvent, Grader, GraderResult, StageTiming, Task, Termination};
-use crate::text::{sh_quote, tail_bytes};
+use crate::text::sh_quote;
 
 /// Resource limits and stage time limits of one trial.
 #[derive(Debug, Clone)]
@@ -405,182 +408,6 @@ impl Trial {
         };
         self.record("evaluate", start, if r.is_ok() { "ok" } else { "error" });
         r
-    }
-
-    /// Removes everything the trial created (stage `cleanup`); safe to call more than once.
-    pub async fn cleanup(&mut self) -> Result<(), SandboxError> {
-        let start = now();
-        let mut first_err = None;
-        for id in [
-            self.eval_container.take(),
-            self.extract_container.take(),
-            self.container.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if let Err(e) = self.engine.remove_container(&id).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        if let Some(image) = self.snapshot_image.take() {
-            if let Err(e) = self.engine.remove_image(&image).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        if let Some(net) = self.network.take() {
-            // (Engine::remove_network retries while the engine detaches the endpoints.)
-            if let Err(e) = self.engine.remove_network(&net).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        self.record("cleanup", start, if first_err.is_none() { "ok" } else { "error" });
-        first_err.map_or(Ok(()), Err)
-    }
-
-    /// Runs the whole lifecycle with `agent_script` as the agent; always returns one result and
-    /// always cleans up.
-    pub async fn run(mut self, agent_script: &str) -> TrialResult {
-        let mut result = TrialResult {
-            termination: Termination::Finished,
-            infra_failure: false,
-            reward: None,
-            grader: None,
-            stages: BTreeMap::new(),
-            audit: Vec::new(),
-            diff: None,
-            agent_log: None,
-            infra_cause: None,
-            agent_exit_code: None,
-            outputs: BTreeMap::new(),
-        };
-        let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
-            r.termination = Termination::Infra(stage.to_string());
-            r.infra_failure = true;
-            let cause = format!("{stage}: {e}");
-            r.agent_log
-                .get_or_insert_with(String::new)
-                .push_str(&format!("\n{cause}"));
-            r.infra_cause = Some(cause);
-        };
-        let in_band: Option<u64>;
-        'stages: {
-            if let Err(e) = self.setup().await {
-                infra("setup", e, &mut result);
-                break 'stages;
-            }
-            match self.run_agent(agent_script).await {
-                Err(e) => {
-                    infra("agent", e, &mut result);
-                    break 'stages;
-                }
-                Ok((outcome, out)) => {
-                    let (stderr, count) = take_outlived(&out.stderr);
-                    in_band = count;
-                    if let AgentOutcome::Crash(code) = &outcome {
-                        result.agent_exit_code = *code;
-                    }
-                    result.agent_log = Some(tail_bytes(&format!("{}{stderr}", out.stdout), 8000));
-                    match self.observe_agent().await {
-                        observe::Aftermath::Alive => {}
-                        // The agent's memory use took the container down (the OOM killer reached
-                        // the relay): its own doing, so an agent crash, graded 0 (nothing is left
-                        // to extract a diff from).
-                        observe::Aftermath::Dead { oom: true, detail } => {
-                            result.termination = Termination::AgentCrash;
-                            result.reward = Some(0.0);
-                            result
-                                .agent_log
-                                .get_or_insert_with(String::new)
-                                .push_str(&format!("\nagent: {detail}"));
-                            break 'stages;
-                        }
-                        // Killed or removed by someone else (the engine, an operator): ours.
-                        observe::Aftermath::Dead { oom: false, detail } => {
-                            infra(
-                                "agent",
-                                SandboxError::Stage {
-                                    stage: "agent",
-                                    message: detail,
-                                },
-                                &mut result,
-                            );
-                            break 'stages;
-                        }
-                    }
-                    result.termination = match outcome {
-                        AgentOutcome::Finished => Termination::Finished,
-                        AgentOutcome::Timeout => Termination::AgentTimeout,
-                        AgentOutcome::Crash(_) => Termination::AgentCrash,
-                    };
-                    result.outputs = self.read_outputs().await;
-                }
-            }
-            let diff = match self.extract(in_band).await {
-                Ok(d) => d,
-                Err(e) => {
-                    infra("extract", e, &mut result);
-                    break 'stages;
-                }
-            };
-            result.diff = Some(diff.clone()).filter(|d| !d.is_empty());
-            if self.too_large.is_some() {
-                // Not read, not graded: the agent's doing, so reward 0 (the event says why).
-                result.reward = Some(0.0);
-                result.grader = Some(GraderResult {
-                    reason: Some("diff_too_large".into()),
-                    ..Default::default()
-                });
-                break 'stages;
-            }
-            match self.evaluate(&diff).await {
-                Ok((reward, details)) => {
-                    result.reward = Some(reward);
-                    result.grader = Some(details);
-                }
-                Err(e) => infra("evaluate", e, &mut result),
-            }
-        }
-        if let Err(e) = self.cleanup().await {
-            tracing::warn!("trial {}: cleanup: {e}", self.trial_id);
-        }
-        result.stages = std::mem::take(&mut self.stages);
-        result.audit = std::mem::take(&mut self.audit);
-        result
-    }
-}
-
-impl Drop for Trial {
-    /// Backstop for early returns and panics: removal is spawned on the current runtime; the sweep by
-    /// label removes whatever this could not.
-    fn drop(&mut self) {
-        let ids: Vec<String> = [
-            self.eval_container.take(),
-            self.extract_container.take(),
-            self.container.take(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        let net = self.network.take();
-        let image = self.snapshot_image.take();
-        if ids.is_empty() && net.is_none() && image.is_none() {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let engine = self.engine.clone();
-            handle.spawn(async move {
-                for id in ids {
-                    let _ = engine.remove_container(&id).await;
-                }
-                if let Some(n) = net {
-                    let _ = engine.remove_network(&n).await;
-                }
-                if let Some(i) = image {
-                    let _ = engine.remove_image(&i).await;
-                }
-            });
-        }
     }
 }
 
