@@ -230,6 +230,13 @@ fn a_stale_batch_trains_with_the_correction(run: &Path, tasks: &Path, images: &P
         fresh.is_log_ratio_std
     );
     let masked = stale.is_masked_token_fraction.expect("is_masked_token_fraction");
+    eprintln!(
+        "stale batch: max |log ρ| {:.2e} (fresh {:.2e}), std {:?} (fresh {:?}), bound {bound:.2e}, masked {masked:.3}",
+        spread(stale),
+        spread(fresh),
+        stale.is_log_ratio_std,
+        fresh.is_log_ratio_std
+    );
     assert!(masked > 0.0, "the mask dropped tokens beyond exp(±{bound:.2e})");
     let out = lego().arg("validate").arg(run).output().expect("validate runs");
     let reports: Vec<ValidationReport> = read(&run.join("validation.jsonl.zst"));

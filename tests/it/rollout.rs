@@ -496,11 +496,14 @@ fn interrupt_mid_trial(stderr_gone: bool) {
     assert_eq!(written, 0, "no partial group is written");
 }
 
-/// `--follow`: before each group rollout switches to the newest complete checkpoint under the
-/// root and tags trajectories with its policy version; a `step-*` directory without `lego-rl.json`
-/// (still being written) is ignored until it is complete.
+/// `--follow --reload-in-flight`: before each group rollout switches to the newest complete
+/// checkpoint under the root and tags trajectories with its policy version; a `step-*` directory
+/// without `lego-rl.json` (still being written) is ignored until it is complete. In flight, the
+/// switch does not wait for the trial still running (-j 1: group 1's second trial), whose
+/// generations then record the new version, and align carries it per token. (Waiting for the
+/// trials, the default, is exercised through vLLM in tests/it/vllm.rs.)
 #[test]
-fn follow_switches_to_the_newest_checkpoint_between_groups() {
+fn follow_switches_to_the_newest_checkpoint_between_generations() {
     if !docker_available() {
         return;
     }
@@ -546,7 +549,11 @@ fn follow_switches_to_the_newest_checkpoint_between_groups() {
     );
     let b = args.iter().position(|a| a == "--backend").unwrap();
     args[b + 1] = format!("embedded:{}", base.display());
-    args.extend(["--follow".to_string(), ckpts.display().to_string()]);
+    args.extend([
+        "--follow".to_string(),
+        ckpts.display().to_string(),
+        "--reload-in-flight".to_string(),
+    ]);
     let bin = assert_cmd::cargo::cargo_bin("lego-rl");
     let mut child = Command::new(&bin)
         .args(&args)
@@ -591,14 +598,47 @@ fn follow_switches_to_the_newest_checkpoint_between_groups() {
         "the newer complete checkpoint was loaded before group 0"
     );
     assert_eq!(version(2), [2, 2], "step 2 was loaded once complete");
-    let v1 = version(1);
-    assert!(
-        v1 == [1, 1] || v1 == [2, 2],
-        "a group is sampled by one policy: {v1:?}"
-    );
+    assert_eq!(version(1), [1, 1], "group 1 started on policy 1");
     assert!(
         trajs.iter().all(|t| !t.infra_failure && t.reward.is_some()),
         "{trajs:#?}"
     );
     assert!(stderr.contains("reloads"), "{stderr}");
+    // Group 1's second trial was running when step 2 loaded (before group 2's first trial):
+    // its generations record version 2, every other generation its trajectory's version.
+    let gen_versions =
+        |t: &Trajectory| -> Vec<u64> { t.generations.iter().map(|g| g.policy_version).collect() };
+    for t in &trajs {
+        let v = gen_versions(t);
+        assert!(!v.is_empty(), "{}: no generation", t.id);
+        if t.group_id == 1 && t.sample_index == 1 {
+            assert!(
+                v.iter().all(|&x| x == 2),
+                "{}: the reload came before its first request: {v:?}",
+                t.id
+            );
+        } else {
+            assert!(v.iter().all(|&x| x == t.policy_version), "{}: {v:?}", t.id);
+        }
+    }
+    // align carries the versions per policy token: runs only where a trajectory spans versions.
+    let samples_out = tmp.path().join("samples.jsonl.zst");
+    lego()
+        .args(["align", "-i"])
+        .arg(&out)
+        .arg("-o")
+        .arg(&samples_out)
+        .assert()
+        .success();
+    let samples: Vec<lego_rl::records::Sample> = read_all(&samples_out, ReadOptions::default()).unwrap();
+    assert!(!samples.is_empty());
+    for s in &samples {
+        let spanned = s.group_id == 1 && s.sample_index == 1;
+        let want = if spanned {
+            vec![lego_rl::records::VersionRun { start: 0, version: 2 }]
+        } else {
+            vec![]
+        };
+        assert_eq!(s.policy_versions, want, "{}", s.id);
+    }
 }
