@@ -501,9 +501,10 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                 let newer = ck.policy_version > policy_version
                     || (ck.policy_version == policy_version && loaded_dir.is_none());
                 if newer && loaded_dir.as_ref() != Some(&ck.dir) {
-                    while !cfg.reload_in_flight {
-                        let Some(j) = running.join_next().await else { break };
-                        on_done!(j);
+                    if !cfg.reload_in_flight {
+                        while let Some(j) = running.join_next().await {
+                            on_done!(j);
+                        }
                     }
                     tracing::info!(
                         "policy {} → {} ({})",
