@@ -1,7 +1,6 @@
 //! One trial of a rollout: a proxy trial token, the harness rendered for it, a sandbox running it,
 //! and the [`Trajectory`] that comes out.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,20 +133,12 @@ pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
     let result = match tokio::time::timeout(budget, sandbox.run(&script)).await {
         Ok(r) => r,
         Err(_) => TrialResult {
-            termination: Termination::Infra("timeout".into()),
             infra_failure: true,
-            reward: None,
-            grader: None,
-            stages: BTreeMap::new(),
-            audit: Vec::new(),
-            diff: None,
-            agent_log: None,
             infra_cause: Some(format!(
                 "timeout: the trial exceeded its budget of {}s",
                 budget.as_secs()
             )),
-            agent_exit_code: None,
-            outputs: BTreeMap::new(),
+            ..TrialResult::new(Termination::Infra("timeout".into()))
         },
     };
     shared.proxy.finish_trial(&token);
@@ -268,6 +259,8 @@ fn prefix_cache(generations: &[Generation]) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]

@@ -1,8 +1,6 @@
 //! The whole lifecycle of one trial ([`Trial::run`]): setup → agent → extract → evaluate →
 //! cleanup, each stage's outcome classified into exactly one [`TrialResult`].
 
-use std::collections::BTreeMap;
-
 use super::{observe, take_outlived, AgentOutcome, Trial, TrialResult};
 use crate::records::{GraderResult, Termination};
 use crate::sandbox::SandboxError;
@@ -12,19 +10,7 @@ impl Trial {
     /// Runs the whole lifecycle with `agent_script` as the agent; always returns one result and
     /// always cleans up.
     pub async fn run(mut self, agent_script: &str) -> TrialResult {
-        let mut result = TrialResult {
-            termination: Termination::Finished,
-            infra_failure: false,
-            reward: None,
-            grader: None,
-            stages: BTreeMap::new(),
-            audit: Vec::new(),
-            diff: None,
-            agent_log: None,
-            infra_cause: None,
-            agent_exit_code: None,
-            outputs: BTreeMap::new(),
-        };
+        let mut result = TrialResult::new(Termination::Finished);
         let infra = |stage: &str, e: SandboxError, r: &mut TrialResult| {
             r.termination = Termination::Infra(stage.to_string());
             r.infra_failure = true;

@@ -129,6 +129,25 @@ pub struct TrialResult {
     pub outputs: BTreeMap<String, String>,
 }
 
+impl TrialResult {
+    /// A result that ended as `termination` with nothing else recorded yet.
+    pub fn new(termination: Termination) -> Self {
+        TrialResult {
+            termination,
+            infra_failure: false,
+            reward: None,
+            grader: None,
+            stages: BTreeMap::new(),
+            audit: Vec::new(),
+            diff: None,
+            agent_log: None,
+            infra_cause: None,
+            agent_exit_code: None,
+            outputs: BTreeMap::new(),
+        }
+    }
+}
+
 /// The most of one harness output file kept (its tail): a status file is small; a JSON transcript
 /// that outgrows this is cut and no longer parses (the turn count decides), while the tail of a
 /// JSON Lines stream still holds its last record, where a harness's final status is.
