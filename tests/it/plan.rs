@@ -2,7 +2,7 @@
 //! against the published ones, and `train-step --plan` on the real configs.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use lego_rl::model::shapes::{checkpoint_extras, param_shapes, ParamCounts};
 use lego_rl::model::{Config, Model};
@@ -418,4 +418,45 @@ fn train_step_refuses_a_step_that_cannot_fit() {
     assert!(err.contains("does not fit in --device-memory"), "{err}");
     assert!(err.contains("does not fit: "), "the plan is in the error: {err}");
     assert!(!out_dir.join("config.json").exists());
+}
+
+/// `--dtype float32` on a bf16 checkpoint keeps fp32 master weights (its saved weights stay
+/// bf16, so the update would round away between train-steps without them): the plan counts
+/// them, 4 bytes per parameter beside the moments' 8. The same model stored in fp32 has none.
+#[test]
+fn fp32_compute_of_a_bf16_checkpoint_plans_its_masters() {
+    let mut cfg = raw("qwen3-30b-a3b.json");
+    assert_eq!(cfg["torch_dtype"], "bfloat16");
+    let plan = |checkpoint: &Path| {
+        let c = checkpoint.to_str().unwrap();
+        let args = [
+            "--checkpoint",
+            c,
+            "--world-size",
+            "8",
+            "--expert-parallel",
+            "8",
+            "--zero",
+            "0",
+            "--dtype",
+            "float32",
+        ];
+        plan_json(&args).0
+    };
+    let up = plan(&configs().join("qwen3-30b-a3b.json"));
+    for part in ["dense", "experts"] {
+        let masters = u(&up, &["masters", part]);
+        assert!(masters > 0, "{part}");
+        assert_eq!(2 * masters, u(&up, &["optimizer", part]), "{part}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let fp32 = tmp.path().join("qwen3-30b-a3b-fp32.json");
+    cfg["torch_dtype"] = "float32".into();
+    std::fs::write(&fp32, cfg.to_string()).unwrap();
+    let plain = plan(&fp32);
+    assert_eq!(
+        u(&plain, &["masters", "dense"]) + u(&plain, &["masters", "experts"]),
+        0
+    );
+    assert!(u(&plain, &["total"]) < u(&up, &["total"]));
 }
