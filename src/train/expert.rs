@@ -16,8 +16,9 @@ use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
 
 use super::optim::AdamW;
-use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares};
+use super::shard::{all_reduce_grads, copy_bytes, defined_anywhere, sum_scalars, sum_squares};
 use super::trainer::{Settings, Trainer};
+use super::update::Update;
 use super::zero::{self, ZeroAdamW};
 use super::TrainError;
 use crate::c10d::{ExpertGroups, ProcessGroup, ReduceOp};
@@ -153,13 +154,13 @@ impl Trainer {
         self.check_expert()
     }
 
-    /// The gradient sync, clip and AdamW of expert parallelism; returns (norm, lr).
+    /// The gradient sync, clip and AdamW of expert parallelism.
     pub(super) fn sync_and_update_ep(
         &mut self,
         params: &[(String, Tensor)],
         s: &Settings,
         pg: &ProcessGroup,
-    ) -> Result<(f64, f64), TrainError> {
+    ) -> Result<Update, TrainError> {
         let ep = self
             .expert
             .as_mut()
@@ -200,7 +201,11 @@ impl Trainer {
                 &s.optim,
                 &ep.expert_dp,
             )?;
-            return Ok((norm, lr));
+            return Ok(Update {
+                norm,
+                lr,
+                copy_bytes: 0,
+            });
         }
         let dense_grads = all_reduce_grads(pg, &dense, &dense_defined, s.bucket_elems)?;
         let expert_grads = all_reduce_grads(&ep.expert_dp, &experts, &expert_defined, s.bucket_elems)?;
@@ -214,7 +219,9 @@ impl Trainer {
         all.extend(experts);
         let mut grads = dense_grads;
         grads.extend(expert_grads);
-        Ok((norm, self.opt.step_grads_scaled(&s.optim, &all, &grads, scale)))
+        let lr = self.opt.step_grads_scaled(&s.optim, &all, &grads, scale);
+        let copy_bytes = copy_bytes(&all, &grads);
+        Ok(Update { norm, lr, copy_bytes })
     }
 
     /// Under ZeRO-1: lays out the dense parameters' state over the world and this rank's

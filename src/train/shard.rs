@@ -171,6 +171,19 @@ pub fn all_reduce_grads(
     Ok(out)
 }
 
+/// Bytes of the reduced gradients in `grads` that are not their parameter's own `.grad`: the
+/// fp32 sums [`all_reduce_grads`] keeps for a narrower (bf16) parameter, or for one this rank has
+/// no gradient for, alive with the `.grad`s until the update ends (`gradient_bytes` counts them).
+pub fn copy_bytes(params: &[(String, Tensor)], grads: &[Option<Tensor>]) -> u64 {
+    params
+        .iter()
+        .zip(grads)
+        .filter_map(|((_, p), g)| g.as_ref().map(|g| (p.grad(), g)))
+        .filter(|(own, g)| !own.defined() || own.data_ptr() != g.data_ptr())
+        .map(|(_, g)| (g.numel() * g.kind().elt_size_in_bytes()) as u64)
+        .sum()
+}
+
 /// Σ g² in f64 over `grads` (whole tensors or this rank's chunks).
 pub fn sum_squares<'a>(grads: impl IntoIterator<Item = &'a Tensor>) -> f64 {
     let _g = tch::no_grad_guard();

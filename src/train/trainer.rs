@@ -355,6 +355,7 @@ impl Trainer {
         let per_update = n_groups.div_ceil(updates);
         let (mut losses, mut ratios, mut clipped, mut grad_norms, mut lr_used) =
             (Vec::new(), Vec::new(), 0usize, Vec::new(), None);
+        let mut copies = 0u64;
         for (u, chunk) in batch.groups.chunks(per_update).enumerate() {
             let in_chunk: Vec<bool> = {
                 let mut v = vec![false; batch.trajs.len()];
@@ -464,9 +465,10 @@ impl Trainer {
                 self.check_expert()?;
             }
             self.expert_catch_up(n_mbs, rounds, true, s)?;
-            let (norm, lr) = self.sync_and_update(&params, s, pg)?;
-            grad_norms.push(norm);
-            lr_used = Some(lr);
+            let up = self.sync_and_update(&params, s, pg)?;
+            grad_norms.push(up.norm);
+            lr_used = Some(up.lr);
+            copies = copies.max(up.copy_bytes);
             tracing::debug!(
                 seconds = started.elapsed().as_secs_f64(),
                 update = u,
@@ -499,7 +501,7 @@ impl Trainer {
             m.unreplayed_token_fraction = (total > 0).then(|| missing as f64 / total as f64);
         }
         super::correction::record(s, &is_stats, &mut m);
-        self.memory_metrics(&mut m, &params, pg);
+        self.memory_metrics(&mut m, &params, pg, copies);
         Ok(m)
     }
 

@@ -6,22 +6,32 @@
 
 use tch::{Kind, Tensor};
 
-use super::shard::{all_reduce_grads, defined_anywhere, sum_scalars, sum_squares};
+use super::shard::{all_reduce_grads, copy_bytes, defined_anywhere, sum_scalars, sum_squares};
 use super::trainer::{Settings, Trainer};
 use super::zero::ZeroAdamW;
 use super::TrainError;
 use crate::c10d::ProcessGroup;
 use crate::records::StepMetrics;
 
+/// What one optimizer update did.
+pub(super) struct Update {
+    /// The gradient norm before clipping.
+    pub norm: f64,
+    pub lr: f64,
+    /// Bytes of the fp32 reduced-gradient copies alive at the update ([`copy_bytes`]; `--zero 0`
+    /// on many ranks). ZeRO-1's reduced chunks are its own state's.
+    pub copy_bytes: u64,
+}
+
 impl Trainer {
     /// Sums the gradients over ranks (all-reduce, or reduce-scatter under ZeRO), clips them by
-    /// the global norm and applies AdamW; returns (norm before clipping, lr).
+    /// the global norm and applies AdamW.
     pub(super) fn sync_and_update(
         &mut self,
         params: &[(String, Tensor)],
         s: &Settings,
         pg: &ProcessGroup,
-    ) -> Result<(f64, f64), TrainError> {
+    ) -> Result<Update, TrainError> {
         if self.expert.is_some() {
             return self.sync_and_update_ep(params, s, pg);
         }
@@ -47,7 +57,11 @@ impl Trainer {
             }
             let (lr, bc) = self.opt.advance(&s.optim);
             zero.step(params, &defined, &chunks, lr, bc, &s.optim, pg)?;
-            return Ok((norm, lr));
+            return Ok(Update {
+                norm,
+                lr,
+                copy_bytes: 0,
+            });
         }
         // Summed in fp32; the clip factor is applied in fp32 inside the update.
         let grads = all_reduce_grads(pg, params, &defined, s.bucket_elems)?;
@@ -56,7 +70,8 @@ impl Trainer {
             return Err(non_finite(norm));
         }
         let lr = self.opt.step_grads_scaled(&s.optim, params, &grads, clip(norm));
-        Ok((norm, lr))
+        let copy_bytes = copy_bytes(params, &grads);
+        Ok(Update { norm, lr, copy_bytes })
     }
 
     /// Lays out ZeRO state at the first step (loading or re-sharding saved moments), or refuses
@@ -105,8 +120,16 @@ impl Trainer {
 
     /// Records the world and this rank's optimizer-state and gradient bytes in `m.extra`:
     /// `gradient_bytes` counts the parameters' own `.grad` (full size on every rank: the backward
-    /// fills them before any collective runs) plus, under ZeRO-1, the reduced chunks it keeps.
-    pub(super) fn memory_metrics(&self, m: &mut StepMetrics, params: &[(String, Tensor)], pg: &ProcessGroup) {
+    /// fills them before any collective runs) plus the reduced gradients the update held beside
+    /// them: under ZeRO-1 the chunks it keeps, under ZeRO-0 on many ranks `copy_bytes` (the
+    /// largest of the step's updates: the fp32 sums of narrower gradients).
+    pub(super) fn memory_metrics(
+        &self,
+        m: &mut StepMetrics,
+        params: &[(String, Tensor)],
+        pg: &ProcessGroup,
+        copy_bytes: u64,
+    ) {
         let local: u64 = params
             .iter()
             .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes()) as u64)
@@ -117,7 +140,7 @@ impl Trainer {
                 let (es, eg) = expert_zero.map_or((0, 0), |e| (e.state_bytes(), e.grad_bytes()));
                 (z.state_bytes() + es, local + z.grad_bytes() + eg)
             }
-            None => (self.opt.state_bytes(), local),
+            None => (self.opt.state_bytes(), local + copy_bytes),
         };
         for (k, v) in [
             ("world_size", pg.world_size() as u64),

@@ -215,7 +215,8 @@ fn bf16_checkpoint_learns_like_fp32_through_masters_and_not_without() {
 const RESUME: &str = "LEGO_RL_TEST_BF16_RESUME";
 
 /// One rank's part of a resume test, started by [`resume_world`]: in `DIR`, from the bf16
-/// checkpoint `DIR/start` on batches `DIR/b1.jsonl.zst` then `DIR/b2.jsonl.zst`, phase `two`
+/// checkpoint `DIR/start` (computing in fp32 when `F32` is 1, `--dtype float32`) on batches
+/// `DIR/b1.jsonl.zst` then `DIR/b2.jsonl.zst`, phase `two`
 /// takes both steps in this process (→ `DIR/two`), phase `one` the first (→ `DIR/one`), phase
 /// `resume` the second from `DIR/one` (→ `DIR/resumed`).
 #[test]
@@ -223,19 +224,20 @@ const RESUME: &str = "LEGO_RL_TEST_BF16_RESUME";
 fn resume_worker() {
     use lego_rl::c10d::{Backend, ProcessGroup};
     let Ok(job) = std::env::var(RESUME) else { return };
-    let parts: Vec<&str> = job.splitn(4, ';').collect();
-    let [phase, zero, ep, dir] = parts[..] else {
+    let parts: Vec<&str> = job.splitn(5, ';').collect();
+    let [phase, zero, ep, f32, dir] = parts[..] else {
         panic!("bad {RESUME} {job}")
     };
     let (zero, ep, dir) = (zero == "1", ep.parse::<usize>().unwrap(), PathBuf::from(dir));
+    let kind = (f32 == "1").then_some(Kind::Float);
     let pg = ProcessGroup::from_env(Backend::Gloo, std::time::Duration::from_secs(300)).unwrap();
     let s = Settings { zero, ..settings() };
     let load = |from: &Path| {
         if ep > 1 {
             let groups = pg.expert_groups(ep).unwrap();
-            Trainer::load_expert_parallel(from, Device::Cpu, None, groups).unwrap()
+            Trainer::load_expert_parallel(from, Device::Cpu, kind, groups).unwrap()
         } else {
-            Trainer::load(from, Device::Cpu, None).unwrap()
+            Trainer::load(from, Device::Cpu, kind).unwrap()
         }
     };
     let batch = |k: usize| {
@@ -262,8 +264,13 @@ fn resume_worker() {
 }
 
 /// Runs `phase` of [`resume_worker`] on `world` ranks.
-fn resume_world(world: usize, phase: &str, zero: bool, ep: usize, dir: &Path) {
-    let job = format!("{phase};{};{ep};{}", u8::from(zero), dir.display());
+fn resume_world(world: usize, phase: &str, zero: bool, ep: usize, f32: bool, dir: &Path) {
+    let job = format!(
+        "{phase};{};{ep};{};{}",
+        u8::from(zero),
+        u8::from(f32),
+        dir.display()
+    );
     let out = crate::dist::start_ranks("train_bf16::resume_worker", RESUME, world, &job);
     for (r, o) in out.iter().enumerate() {
         assert!(
@@ -293,9 +300,10 @@ fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Two steps in one process against one step plus one resumed step, on `world` ranks: the
-/// same weights, moments and masters, bit for bit, in every file.
-fn resumes_bit_exactly(world: usize, zero: bool, ep: usize) {
+/// Two steps in one process against one step plus one resumed step, on `world` ranks (computing
+/// in fp32 when `f32`): the same weights, moments and masters, bit for bit, in every file, and
+/// the weights saved in the checkpoint's bf16.
+fn resumes_bit_exactly(world: usize, zero: bool, ep: usize, f32: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let start = dir.join("start");
@@ -318,7 +326,7 @@ fn resumes_bit_exactly(world: usize, zero: bool, ep: usize) {
     crate::train::write_samples(&dir.join("b1.jsonl.zst"), &b1);
     crate::train::write_samples(&dir.join("b2.jsonl.zst"), &b2);
     for phase in ["two", "one", "resume"] {
-        resume_world(world, phase, zero, ep, dir);
+        resume_world(world, phase, zero, ep, f32, dir);
     }
     let (two, resumed) = (dir.join("two"), dir.join("resumed"));
     let files = safetensors_files(&two);
@@ -343,9 +351,11 @@ fn resumes_bit_exactly(world: usize, zero: bool, ep: usize) {
         .iter()
         .filter(|f| f.to_string_lossy().starts_with("model"))
         .flat_map(|f| read(&two.join(f)))
+        .inspect(|(n, t)| assert_eq!(t.kind(), w0[n].kind(), "`{n}` saved in the checkpoint's dtype"))
         .any(|(n, t)| !t.equal(&w0[&n]));
     eprintln!(
-        "world {world}, ZeRO {}, EP {ep}: {} files, {tensors} tensors ({masters} masters) equal bit for bit",
+        "world {world}, ZeRO {}, EP {ep}, fp32 compute {f32}: {} files, {tensors} tensors ({masters} masters) \
+         equal bit for bit",
         u8::from(zero),
         files.len()
     );
@@ -355,15 +365,70 @@ fn resumes_bit_exactly(world: usize, zero: bool, ep: usize) {
 
 #[test]
 fn bf16_resume_is_bit_exact_on_one_rank() {
-    resumes_bit_exactly(1, false, 1);
+    resumes_bit_exactly(1, false, 1, false);
 }
 
 #[test]
 fn bf16_resume_is_bit_exact_on_two_ranks_with_zero1() {
-    resumes_bit_exactly(2, true, 1);
+    resumes_bit_exactly(2, true, 1, false);
+}
+
+/// `--dtype float32` over the bf16 checkpoint under ZeRO-1: each rank keeps fp32 masters for its
+/// slice although it computes in fp32, so the saved bf16 weights round from them and a resumed
+/// run continues bit for bit.
+#[test]
+fn fp32_compute_of_bf16_resumes_bit_exactly_on_two_ranks_with_zero1() {
+    resumes_bit_exactly(2, true, 1, true);
 }
 
 #[test]
 fn bf16_resume_is_bit_exact_at_expert_parallel_2_on_four_ranks() {
-    resumes_bit_exactly(4, true, 2);
+    resumes_bit_exactly(4, true, 2, false);
+}
+
+/// `--zero 0` on 2 ranks sums a bf16 model's gradients in fp32 copies that stay alive, beside the
+/// bf16 `.grad`s, until the update ends: `gradient_bytes` counts them, as `--plan`'s gradients
+/// plus reduced gradients do (all but the gradients no rank has: experts no token reached).
+#[test]
+fn bf16_zero0_on_two_ranks_counts_its_fp32_gradient_copies_like_the_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tiny_moe_bf16();
+    let fp32 = tmp.path().join("fp32");
+    fp32_copy(&ckpt, &fp32);
+    let input = tmp.path().join("b.jsonl.zst");
+    crate::train::write_samples(&input, &samples(&fp32));
+    let metrics = tmp.path().join("m.jsonl.zst");
+    let two = ["--nproc-per-node", "2", "--zero", "0"];
+    let opts = ["--micro-batch-tokens", "40", "--lr", "1e-5"];
+    let o = crate::dist_train::run_train_step(&opts, &ckpt, &input, &tmp.path().join("out"), &metrics, &two);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = crate::train::read_metrics(&metrics).pop().unwrap();
+    let measured = m.extra["gradient_bytes"].as_u64().unwrap();
+    let plan = crate::common::lego()
+        .args([
+            "train-step",
+            "--plan",
+            "--format",
+            "json",
+            "--world-size",
+            "2",
+            "--zero",
+            "0",
+        ])
+        .arg("--checkpoint")
+        .arg(&ckpt)
+        .output()
+        .unwrap();
+    assert!(plan.status.success(), "{}", String::from_utf8_lossy(&plan.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let part = |k: &str| plan[k]["dense"].as_u64().unwrap() + plan[k]["experts"].as_u64().unwrap();
+    let (grads, reduced) = (part("gradients"), part("reduced_gradients"));
+    let ratio = measured as f64 / (grads + reduced) as f64;
+    eprintln!(
+        "world 2, ZeRO-0, bf16: gradient_bytes {measured} against the plan's {grads} (.grad) + {reduced} \
+         (fp32 sums): {ratio:.4}"
+    );
+    // The bf16 `.grad`s alone are a third of the plan's figure.
+    assert_eq!(reduced, 2 * grads, "fp32 sums of bf16 gradients");
+    assert!((0.95..=1.0).contains(&ratio), "measured/plan {ratio}");
 }
