@@ -1,8 +1,9 @@
 //! The command-line interface (clap derive). Doc comments are the help text.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-use crate::cmd;
+use crate::cmd::{self, Outcome};
+use crate::settings::GlobalArgs;
 
 /// Harness-native reinforcement learning of coding agents.
 ///
@@ -22,31 +23,21 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every subcommand accepts.
-#[derive(Args, Debug, Clone, Default)]
-pub struct GlobalArgs {
-    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    pub verbose: u8,
-    /// Only errors on stderr.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
-    pub quiet: bool,
-    /// Never draw progress bars (they are hidden anyway when stderr is not a terminal).
-    #[arg(long, global = true)]
-    pub no_progress: bool,
-    /// Fail on the first bad input record instead of skipping and counting it (build-images,
-    /// rollout, align, validate, report). train-step always stops at a bad sample, and
-    /// filter-tasks at a bad task unless given its own --keep-going.
-    #[arg(long, global = true)]
-    pub strict: bool,
-}
-
-impl GlobalArgs {
-    /// Read options for input files that a finished producer wrote.
-    pub fn read_options(&self) -> crate::io::ReadOptions {
-        crate::io::ReadOptions {
-            strict: self.strict,
-            torn_tail: crate::io::TornTail::Error,
+impl Cli {
+    /// Runs the parsed command line.
+    pub fn run(self) -> anyhow::Result<Outcome> {
+        let global = self.global;
+        match self.command {
+            Command::FilterTasks(args) => cmd::filter_tasks::run(args, &global),
+            Command::BuildImages(args) => cmd::build_images::run(args, &global),
+            Command::Rollout(args) => cmd::rollout::run(args, &global),
+            Command::Align(args) => cmd::align::run(args, &global),
+            Command::TrainStep(args) => cmd::train_step::run(args, &global),
+            Command::Validate(args) => cmd::validate::run(args, &global),
+            Command::Report(args) => cmd::report::run(args, &global),
+            Command::Env(args) => cmd::env::run(args, &global),
+            Command::GenerateDocs(args) => cmd::generate_docs::run(args, &Cli::command()),
+            Command::GpuProbe(args) => cmd::gpu_probe::run(args, &global),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod records;
 pub mod report;
 pub mod rollout;
 pub mod sandbox;
+pub mod settings;
 pub mod tasks;
 pub mod text;
 pub mod train;

@@ -8,7 +8,7 @@ use lego_rl::cli::Cli;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     lego_rl::ui::init_logging(&cli.global);
-    match lego_rl::cmd::run(cli) {
+    match cli.run() {
         Ok(code) => code.into(),
         Err(err) if lego_rl::cmd::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {

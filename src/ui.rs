@@ -5,8 +5,8 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::GlobalArgs;
 use crate::env;
+use crate::settings::GlobalArgs;
 
 /// `eprintln!` that ignores a failed write. With stderr gone (the read end of a pipe closed: a
 /// killed parent, an orphaned process) `eprintln!` panics, and a panic on the main thread turns a

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::Outcome;
 use crate::align::{Files, MatchMode, RunOptions, Settings};
-use crate::cli::GlobalArgs;
+use crate::settings::GlobalArgs;
 
 /// Align trajectories into token-exact training samples.
 ///

@@ -7,12 +7,12 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::harness::Harness;
 use crate::io::{read_all, AtomicWriter};
 use crate::records::{ImageRecord, Task};
 use crate::sandbox::runtime::{default_cache_dir, ensure_runtimes, RuntimeVolume};
 use crate::sandbox::{build_images, BuildSettings, Engine, SandboxError, DEFAULT_BASE_IMAGE};
+use crate::settings::GlobalArgs;
 
 /// Build (or find cached) container images for tasks.
 ///

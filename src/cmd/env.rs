@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::device::report::{collect, ENV_SCHEMA};
+use crate::settings::GlobalArgs;
 
 /// Report the torch, CUDA and NCCL this binary uses, the GPUs and the threads.
 ///

@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::io::is_stdio;
+use crate::settings::GlobalArgs;
 use crate::tasks::filter::{
     self, Decontamination, Difficulty, EvalSet, Incomplete, RuleSettings, Saturation, Settings, Stage,
     ValiditySettings,

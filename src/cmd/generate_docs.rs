@@ -3,10 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, CommandFactory};
+use clap::Args;
 
 use super::Outcome;
-use crate::cli::Cli;
 
 /// Write man pages and shell completions.
 ///
@@ -18,9 +17,10 @@ pub struct GenerateDocsArgs {
     pub dir: PathBuf,
 }
 
-/// Runs `generate-docs`.
-pub fn run(args: GenerateDocsArgs) -> anyhow::Result<Outcome> {
-    for (name, bytes) in render_docs()? {
+/// Runs `generate-docs` for `cli`, the whole command line (`lego_rl::cli::Cli::command()`; passed
+/// in so that `cmd` does not point back at `cli`).
+pub fn run(args: GenerateDocsArgs, cli: &clap::Command) -> anyhow::Result<Outcome> {
+    for (name, bytes) in render_docs(cli)? {
         let path = args.dir.join(&name);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
@@ -30,10 +30,10 @@ pub fn run(args: GenerateDocsArgs) -> anyhow::Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
-/// Every generated file as (path relative to the docs dir, contents).
-pub fn render_docs() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+/// Every generated file of `cli` as (path relative to the docs dir, contents).
+pub fn render_docs(cli: &clap::Command) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     let mut files = Vec::new();
-    let cmd = Cli::command();
+    let cmd = cli.clone();
     let mut buf = Vec::new();
     clap_mangen::Man::new(cmd.clone()).render(&mut buf)?;
     files.push(("lego-rl.1".to_string(), buf));
@@ -50,7 +50,7 @@ pub fn render_docs() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         clap_complete::Shell::Fish,
     ] {
         let mut buf = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "lego-rl", &mut buf);
+        clap_complete::generate(shell, &mut cli.clone(), "lego-rl", &mut buf);
         let file = match shell {
             clap_complete::Shell::Bash => "completions/lego-rl.bash",
             clap_complete::Shell::Zsh => "completions/_lego-rl",
@@ -61,9 +61,9 @@ pub fn render_docs() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     Ok(files)
 }
 
-/// Files under `dir` that differ from what [`render_docs`] would write.
-pub fn stale_docs(dir: &Path) -> anyhow::Result<Vec<String>> {
-    Ok(render_docs()?
+/// Files under `dir` that differ from what [`render_docs`] would write for `cli`.
+pub fn stale_docs(dir: &Path, cli: &clap::Command) -> anyhow::Result<Vec<String>> {
+    Ok(render_docs(cli)?
         .into_iter()
         .filter(|(name, bytes)| std::fs::read(dir.join(name)).ok().as_deref() != Some(bytes.as_slice()))
         .map(|(name, _)| name)

@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::device::probe::{decode_rate, engine_samples, Shape};
 use crate::io::AtomicWriter;
+use crate::settings::GlobalArgs;
 
 /// Engine probes for the GPU check (for scripts/gpu/check.sh).
 #[derive(Args, Debug)]

@@ -1,5 +1,5 @@
 //! One module per subcommand: its `#[derive(Args)]` struct and a thin `run` that resolves the
-//! arguments and calls into the library.
+//! arguments and calls into the library. `cli` dispatches to them; nothing here points back.
 
 pub mod align;
 pub mod build_images;
@@ -11,8 +11,6 @@ pub mod report;
 pub mod rollout;
 pub mod train_step;
 pub mod validate;
-
-use crate::cli::{Cli, Command};
 
 /// How a subcommand that ran to completion ended: 0 ok, 1 ran but found failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,23 +25,6 @@ impl From<Outcome> for std::process::ExitCode {
             Outcome::Ok => std::process::ExitCode::SUCCESS,
             Outcome::Failures => std::process::ExitCode::from(1),
         }
-    }
-}
-
-/// Runs the parsed command line.
-pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
-    let global = cli.global;
-    match cli.command {
-        Command::FilterTasks(args) => filter_tasks::run(args, &global),
-        Command::BuildImages(args) => build_images::run(args, &global),
-        Command::Rollout(args) => rollout::run(args, &global),
-        Command::Align(args) => align::run(args, &global),
-        Command::TrainStep(args) => train_step::run(args, &global),
-        Command::Validate(args) => validate::run(args, &global),
-        Command::Report(args) => report::run(args, &global),
-        Command::Env(args) => env::run(args, &global),
-        Command::GenerateDocs(args) => generate_docs::run(args),
-        Command::GpuProbe(args) => gpu_probe::run(args, &global),
     }
 }
 

@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::io::{ReadOptions, TornTail};
 use crate::report::advisories::Thresholds;
 use crate::report::assist::ask::Assist;
@@ -17,6 +16,7 @@ use crate::report::assist::summarize::{summarize, SummarizeSettings};
 use crate::report::assist::{Assistant, AssistantSettings, AssistantSpec, API_KEY_ENV};
 use crate::report::serve::LiveOptions;
 use crate::report::{serve, write_static, StaticSettings};
+use crate::settings::GlobalArgs;
 use crate::validate::run::RunFiles;
 
 /// Default address of the live UI (loopback only: the page shows prompts and code).

@@ -7,11 +7,11 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::proxy::HarnessSampling;
 use crate::records::Sampling;
 use crate::rollout::{BackendSpec, RolloutConfig, Shard};
 use crate::sandbox::DEFAULT_BASE_IMAGE;
+use crate::settings::GlobalArgs;
 
 /// Run harnesses on tasks in sandboxes and record trajectories.
 ///

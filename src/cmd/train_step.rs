@@ -9,10 +9,10 @@ use clap::Args;
 
 use super::Outcome;
 use crate::c10d::{launch::run_local, Backend, ProcessGroup};
-use crate::cli::GlobalArgs;
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::model::{parse_kind, ExpertLayout, DEFAULT_LOGPROB_CHUNK};
 use crate::records::Sample;
+use crate::settings::GlobalArgs;
 use crate::train::correction::{Correction, CorrectionSettings};
 use crate::train::plan::{self, Plan, PlanSpec};
 use crate::train::{trainer::check_out, AdamWConfig, LossKind, Schedule, Settings, Trainer};

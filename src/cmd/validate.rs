@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::Args;
 
 use super::Outcome;
-use crate::cli::GlobalArgs;
 use crate::records::{Trajectory, ValidationReport};
+use crate::settings::GlobalArgs;
 use crate::validate::eval::{self, EvalBuilder};
 use crate::validate::gates::GateConfig;
 use crate::validate::output::{eval_files, outcomes, print_eval, print_gates, print_steps, print_table};

@@ -3,7 +3,11 @@
 #[test]
 fn man_pages_are_up_to_date() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("man");
-    let stale = lego_rl::cmd::generate_docs::stale_docs(&dir).unwrap();
+    let stale = lego_rl::cmd::generate_docs::stale_docs(
+        &dir,
+        &<lego_rl::cli::Cli as clap::CommandFactory>::command(),
+    )
+    .unwrap();
     assert!(
         stale.is_empty(),
         "stale generated docs {stale:?}: regenerate with `cargo run --release -- generate-docs man`"
