@@ -126,12 +126,13 @@ pool_of() {
   echo "$out"
 }
 
-# Tasks of batch s: a deterministic slice of its pool, cycling (one group per task; group id = batch
-# number times the group stride, so trajectory ids stay unique across the run).
+# Tasks of batch s: a deterministic slice of its pool, cycling, never a task twice (a pool smaller than
+# --tasks-per-step gives a smaller batch); one group per task, group id = batch number times the group
+# stride, so trajectory ids stay unique across the run.
 batch_tasks() {
   local s=$1 out=$2 pool=$3
   zstd -dcf "$pool" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
-    for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$out.tmp" && mv "$out.tmp" "$out"
+    for (i = 0; i < k && i < n; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$out.tmp" && mv "$out.tmp" "$out"
 }
 
 rollout_loop() {

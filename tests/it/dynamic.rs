@@ -310,3 +310,117 @@ fn sigkill_mid_oversampling_then_rerun_runs_no_group_twice_and_loses_none() {
         "the rerun removed the killed run's sandboxes"
     );
 }
+
+/// `scripts/loop.sh --min-informative-groups 1 --refilter 1` for 2 steps: each batch is refilled
+/// to one informative group from the pool, align trains only that group, the re-filter between the
+/// steps drops the task saturated in batch 0, and the report's steps.csv shows the figures.
+#[test]
+fn the_loop_refills_batches_and_refilters_the_pool_between_steps() {
+    if !docker_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let p = pool(tmp.path());
+    let tasks = tasks_file(tmp.path(), "tasks.jsonl", &[ALWAYS, MIXED, NEVER]);
+    let run = tmp.path().join("run");
+    let out = Command::new(root().join("scripts/loop.sh"))
+        .env("LEGO_RL_BIN", assert_cmd::cargo::cargo_bin("lego-rl"))
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .arg("--run")
+        .arg(&run)
+        .arg("--tasks")
+        .arg(&tasks)
+        .arg("--images")
+        .arg(&p.images)
+        .arg("--checkpoint")
+        .arg(crate::model::tiny_moe())
+        .args([
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--tasks-per-step",
+            "1",
+            "--concurrency",
+            "2",
+        ])
+        .args(["--min-informative-groups", "1", "--refilter", "1"])
+        .arg("--rollout-args")
+        .arg(format!("--forced {} --max-turns 8", p.forced.display()))
+        .output()
+        .unwrap();
+    let log = std::fs::read_to_string(run.join("logs/rollout.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "loop.sh failed:\n{}\nrollout log:\n{log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Batch 0: ALWAYS planned, then extras from the pool of 3 (group stride 4 + 1 = 5): ALWAYS/1
+    // saturated, MIXED/1 informative.
+    let step0 = read(&run.join("trajectories/step-000000.jsonl.zst"));
+    let want: BTreeMap<_, _> = [
+        (key(ALWAYS, 0), (false, None)),
+        (key(ALWAYS, 1), (false, Some(0))),
+        (key(MIXED, 1), (true, Some(1))),
+    ]
+    .into();
+    assert_eq!(marks(&step0), want);
+    // The re-filter dropped ALWAYS (its last group all solved); NEVER has no group yet and stays.
+    let pool1: Vec<Task> = read_all(&run.join("pool/step-000001.jsonl.zst"), ReadOptions::default()).unwrap();
+    let ids: Vec<&str> = pool1.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, [MIXED, NEVER]);
+    let decisions: Vec<lego_rl::records::TaskDecision> = read_all(
+        &run.join("pool/step-000001.decisions.jsonl.zst"),
+        ReadOptions::default(),
+    )
+    .unwrap();
+    let dropped: Vec<(&str, Option<&str>)> = decisions
+        .iter()
+        .filter(|d| !d.kept)
+        .map(|d| (d.task_id.as_str(), d.reason.as_deref()))
+        .collect();
+    assert_eq!(dropped, [(ALWAYS, Some("saturated_solved"))]);
+    // Batch 1 from the pool of 2: NEVER planned (group 5), MIXED/6 its first extra.
+    let step1 = read(&run.join("trajectories/step-000001.jsonl.zst"));
+    let want: BTreeMap<_, _> = [(key(NEVER, 5), (false, None)), (key(MIXED, 6), (true, Some(0)))].into();
+    let got: BTreeMap<_, _> = step1
+        .iter()
+        .map(|t| {
+            let d = t.dynamic_sampling.unwrap();
+            assert_eq!(d.pool, 2);
+            ((t.task_id.clone(), t.group_id), (d.informative, d.extra_group))
+        })
+        .collect();
+    assert_eq!(got, want);
+    for (step, skipped) in [(0, 4), (1, 2)] {
+        let t = crate::align::total(&run.join(format!("align-stats/step-{step:06}.jsonl.zst")));
+        assert_eq!(t.skipped_uninformative, skipped, "step {step}");
+        let s: Vec<Sample> = read_all(
+            &run.join(format!("samples/step-{step:06}.jsonl.zst")),
+            ReadOptions::default(),
+        )
+        .unwrap();
+        assert!(
+            s.iter().all(|s| s.trajectory_id.starts_with("ds-mixed/")),
+            "step {step}"
+        );
+    }
+    // The report's steps table: sampled, informative and extra groups, pool size, re-filter drops.
+    let csv = std::fs::read_to_string(run.join("report/steps.csv")).unwrap();
+    let mut rows = csv.lines().map(|l| l.split(',').collect::<Vec<_>>());
+    let header = rows.next().unwrap();
+    let col = |r: &[&str], name: &str| r[header.iter().position(|h| *h == name).unwrap()].to_string();
+    let rows: Vec<Vec<&str>> = rows.collect();
+    let fig = |r: &[&str]| {
+        [
+            "groups",
+            "informative_groups",
+            "extra_groups",
+            "task_pool",
+            "pool_dropped",
+        ]
+        .map(|c| col(r, c))
+    };
+    assert_eq!(fig(&rows[0]), ["3", "1", "2", "3", ""]);
+    assert_eq!(fig(&rows[1]), ["2", "1", "1", "2", "1"]);
+}
