@@ -22,6 +22,8 @@
 //!   loaded one is complete under the root, the trials in flight finish, the backend reloads it and
 //!   new trajectories carry its policy version. A group that ends more than `max_staleness`
 //!   versions behind the newest checkpoint is discarded and run again with the newer policy.
+//! - **Dynamic sampling** (`dynamic`): after the planned groups, extra groups from the task pool
+//!   until N groups have reward variance or the extra budget is spent; every group is marked.
 
 pub mod audit;
 mod backend;
