@@ -14,6 +14,14 @@
 #   --tasks-per-step K     tasks (groups) per batch [1]
 #   --concurrency J        simultaneous trials [2]
 #   --validate-every N     run the validation gates every N steps; a failed gate stops the loop [1]
+#   --min-informative-groups N
+#                          dynamic sampling: rollout refills each batch with extra groups drawn from
+#                          the task pool until it holds N groups whose rewards vary (off)
+#   --max-extra-groups M   extra groups a batch may spend [4 x N]; group ids then step by M + 1 per
+#                          batch so trajectory ids stay unique across the run
+#   --refilter G           before each batch after the first, drop from the pool the tasks whose last
+#                          G groups in the finished batches were all solved or all failed
+#                          (filter-tasks --drop-saturated); the pool and its decisions go to pool/ (off)
 #   --rollout-args "..."   extra arguments for rollout (e.g. "--forced FILE --max-turns 4")
 #   --train-args "..."     extra arguments for train-step (e.g. "--lr 1e-5")
 #
@@ -21,6 +29,7 @@
 #   checkpoints/step-NNNNNN/   trajectories/step-NNNNNN.jsonl.zst (+ .done when the batch is complete)
 #   samples/step-NNNNNN.jsonl.zst   align-stats/step-NNNNNN.jsonl.zst   metrics.jsonl.zst
 #   validation.jsonl.zst   logs/   report/
+#   pool/step-NNNNNN.jsonl.zst (+ .decisions.jsonl.zst)   the task pool of batch N (--refilter)
 #
 # How the asynchrony works: batch s is rolled out by the newest checkpoint that exists when it starts,
 # which is at least step s - S (the rollout side waits for it); the trainer turns batch s into
@@ -35,6 +44,7 @@ lego=${LEGO_RL_BIN:-$root/target/release/lego-rl}
 run="" tasks="" images="" checkpoint=""
 steps=2 staleness=1 harness="$root/examples/harnesses/mini-swe-agent.toml"
 group_size=8 per_step=1 jobs=2 validate_every=1 rollout_args="" train_args=""
+min_informative="" max_extra="" refilter=""
 die() { printf 'loop: error: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -50,6 +60,9 @@ while [ $# -gt 0 ]; do
     --tasks-per-step) per_step=$2; shift 2 ;;
     --concurrency) jobs=$2; shift 2 ;;
     --validate-every) validate_every=$2; shift 2 ;;
+    --min-informative-groups) min_informative=$2; shift 2 ;;
+    --max-extra-groups) max_extra=$2; shift 2 ;;
+    --refilter) refilter=$2; shift 2 ;;
     --rollout-args) rollout_args=$2; shift 2 ;;
     --train-args) train_args=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -60,10 +73,17 @@ done
 [ -n "$tasks" ] && [ -f "$tasks" ] || die "--tasks FILE is required and must exist"
 [ -n "$images" ] && [ -f "$images" ] || die "--images FILE is required and must exist"
 [ -x "$lego" ] || die "$lego not built (run scripts/setup.sh)"
+[ -z "$max_extra" ] || [ -n "$min_informative" ] || die "--max-extra-groups needs --min-informative-groups"
+if [ -n "$min_informative" ]; then
+  [ -n "$max_extra" ] || max_extra=$((4 * min_informative))
+  group_stride=$((max_extra + 1))
+else
+  group_stride=1
+fi
 say() { printf 'loop: %s\n' "$*" >&2; }
 step_name() { printf 'step-%06d' "$1"; }
 
-mkdir -p "$run"/{checkpoints,trajectories,samples,align-stats,logs}
+mkdir -p "$run"/{checkpoints,trajectories,samples,align-stats,logs,pool}
 first="$run/checkpoints/$(step_name 0)"
 if [ ! -f "$first/config.json" ]; then
   [ -n "$checkpoint" ] && [ -f "$checkpoint/config.json" ] || die "--checkpoint DIR (HF layout) is required for a new run"
@@ -81,16 +101,42 @@ newest() {
   echo "$best"
 }
 
-# Tasks of batch s: a deterministic slice of the task list, cycling (one group per task; group id =
-# batch number, so trajectory ids stay unique across the run).
+# The task pool of batch s: the task list, or with --refilter the previous batch's pool minus the tasks
+# saturated in the finished batches (filter-tasks --drop-saturated; its decisions are kept beside it
+# for the report). A re-filter that would leave nothing keeps the previous pool.
+pool_of() {
+  local s=$1 out prev d done_trajs=()
+  if [ -z "$refilter" ] || [ "$s" -eq 0 ]; then echo "$tasks"; return; fi
+  out="$run/pool/$(step_name "$s").jsonl.zst"
+  [ -f "$out" ] && { echo "$out"; return; }
+  prev=$(pool_of $((s - 1)))
+  for d in "$run"/trajectories/step-*.jsonl.zst; do
+    [ -f "$d.done" ] && done_trajs+=(--drop-saturated "$d")
+  done
+  if [ ${#done_trajs[@]} -eq 0 ]; then echo "$prev"; return; fi
+  "$lego" -q filter-tasks -i "$prev" -o "$out.tmp" --stages saturation --saturation-groups "$refilter" \
+    "${done_trajs[@]}" --decisions "${out%.jsonl.zst}.decisions.jsonl.zst" >/dev/null \
+    2>>"$run/logs/filter.log" || { say "re-filter for batch $s failed (logs/filter.log)"; return 1; }
+  if [ -z "$(zstd -dcf "$out.tmp" | head -c 1)" ]; then
+    say "re-filter for batch $s dropped every task; keeping the previous pool"
+    zstd -dcf "$prev" | zstd -qf -o "$out.tmp"
+  fi
+  mv "$out.tmp" "$out"
+  say "pool of batch $s: $(zstd -dcf "$out" | grep -c .) tasks"
+  echo "$out"
+}
+
+# Tasks of batch s: a deterministic slice of its pool, cycling, never a task twice (a pool smaller than
+# --tasks-per-step gives a smaller batch); one group per task, group id = batch number times the group
+# stride, so trajectory ids stay unique across the run.
 batch_tasks() {
-  local s=$1 out=$2
-  zstd -dcf "$tasks" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
-    for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$out.tmp" && mv "$out.tmp" "$out"
+  local s=$1 out=$2 pool=$3
+  zstd -dcf "$pool" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
+    for (i = 0; i < k && i < n; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$out.tmp" && mv "$out.tmp" "$out"
 }
 
 rollout_loop() {
-  local s ckpt traj
+  local s ckpt traj pool dyn
   for ((s = 0; s < steps; s++)); do
     traj="$run/trajectories/$(step_name "$s").jsonl.zst"
     [ -f "$traj.done" ] && continue
@@ -99,12 +145,16 @@ rollout_loop() {
       sleep 2
     done
     ckpt="$run/checkpoints/$(step_name "$(newest)")"
-    batch_tasks "$s" "$run/logs/tasks-$(step_name "$s").jsonl.zst"
+    pool=$(pool_of "$s") || return 1
+    batch_tasks "$s" "$run/logs/tasks-$(step_name "$s").jsonl.zst" "$pool"
+    dyn=()
+    [ -z "$min_informative" ] ||
+      dyn=(--min-informative-groups "$min_informative" --max-extra-groups "$max_extra" --task-pool "$pool")
     say "rollout batch $s with $(basename "$ckpt")"
     # shellcheck disable=SC2086 # rollout_args is a word list by design
     "$lego" -q rollout -i "$run/logs/tasks-$(step_name "$s").jsonl.zst" --images "$images" \
-      --harness "$harness" --backend "embedded:$ckpt" --group-size "$group_size" -j "$jobs" --first-group "$s" \
-      -o "$traj" $rollout_args 2>>"$run/logs/rollout.log" || { say "rollout batch $s failed (logs/rollout.log)"; return 1; }
+      --harness "$harness" --backend "embedded:$ckpt" --group-size "$group_size" -j "$jobs" \
+      --first-group $((s * group_stride)) "${dyn[@]}" -o "$traj" $rollout_args 2>>"$run/logs/rollout.log" || { say "rollout batch $s failed (logs/rollout.log)"; return 1; }
     touch "$traj.done"
   done
 }

@@ -157,6 +157,7 @@ pub fn add_stats(a: &mut AlignStats, b: &AlignStats) {
     a.context_refusals += b.context_refusals;
     a.without_tokenizer += b.without_tokenizer;
     a.malformed_tool_calls += b.malformed_tool_calls;
+    a.skipped_uninformative += b.skipped_uninformative;
 }
 
 /// Where align reads and writes.
@@ -240,6 +241,9 @@ fn run_in_pool(
                         record: *rec,
                         source: Box::new(e),
                     };
+                    if t.is_uninformative() {
+                        return Ok((Vec::new(), skipped(t)));
+                    }
                     let (samples, st) = align_trajectory(t, settings).map_err(in_record)?;
                     let mut lines = Vec::new();
                     for sample in &samples {
@@ -279,6 +283,18 @@ fn run_in_pool(
         w.finish()?;
     }
     Ok(total)
+}
+
+/// The stats of a trajectory align skips: dynamic sampling marked its group uninformative (no
+/// reward variance, so no GSPO signal); it stays in the trajectories file as data.
+fn skipped(t: &Trajectory) -> AlignStats {
+    AlignStats {
+        schema: AlignStats::SCHEMA.to_string(),
+        trajectory_id: Some(t.id.clone()),
+        trajectories: 1,
+        skipped_uninformative: 1,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]

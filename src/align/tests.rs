@@ -519,3 +519,55 @@ fn policy_version_runs_follow_the_generations_that_spanned_a_reload() {
     assert!(samples[0].policy_versions.is_empty());
     assert_eq!(samples[0].token_versions(5), vec![3; 5]);
 }
+
+#[test]
+fn the_trajectories_of_an_uninformative_group_are_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("traj.jsonl");
+    let base = fixture("mini-swe-agent/requests.jsonl");
+    let mark = |informative| {
+        Some(crate::records::DynamicSampling {
+            informative,
+            extra_group: None,
+            pool: 2,
+        })
+    };
+    let trajs = [
+        Trajectory {
+            dynamic_sampling: mark(false),
+            ..base.clone()
+        },
+        Trajectory {
+            id: Trajectory::make_id("u", 0, 0),
+            task_id: "u".into(),
+            dynamic_sampling: mark(true),
+            ..base.clone()
+        },
+        Trajectory {
+            id: Trajectory::make_id("v", 0, 0),
+            task_id: "v".into(),
+            ..base
+        },
+    ];
+    let mut w = crate::io::AtomicWriter::create(&input).unwrap();
+    w.write_all(&trajs).unwrap();
+    w.finish().unwrap();
+    let files = Files {
+        inputs: vec![input],
+        output: tmp.path().join("samples.jsonl"),
+        stats: None,
+    };
+    let opts = RunOptions {
+        jobs: 1,
+        read: ReadOptions::default(),
+        progress: false,
+    };
+    let total = run(&files, &Settings::default(), opts).unwrap();
+    assert_eq!(
+        (total.trajectories, total.skipped_uninformative, total.samples),
+        (3, 1, 2)
+    );
+    let samples: Vec<Sample> = crate::io::read_all(&files.output, ReadOptions::default()).unwrap();
+    let from: Vec<&str> = samples.iter().map(|s| s.trajectory_id.as_str()).collect();
+    assert_eq!(from, ["u/0/0", "v/0/0"]);
+}

@@ -16,7 +16,9 @@ use crate::settings::GlobalArgs;
 /// content. Samples use the captured tokens only; what cannot be aligned is dropped and counted.
 /// Threads (main agent, side requests, sub-agents) and segments (a rewritten or compacted
 /// history starts one) each give their own samples; a generation shared by several segments is
-/// trained once. Output is in input order and identical for every `-j`.
+/// trained once. Output is in input order and identical for every `-j`. Trajectories of groups
+/// that `rollout --min-informative-groups` marked uninformative (no reward variance) are skipped
+/// and counted (`skipped_uninformative` in the stats).
 ///
 /// Example:
 ///   lego-rl align -i run/trajectories/step-000000.jsonl.zst -o run/samples/step-000000.jsonl.zst \
@@ -78,6 +80,7 @@ pub fn run(args: AlignArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         dropped_turns = total.dropped_turns,
         tool_call_mismatches = total.tool_call_mismatches,
         resolved_by_id = total.mismatches_resolved_by_id,
+        skipped_uninformative = total.skipped_uninformative,
         "aligned"
     );
     Ok(Outcome::Ok)

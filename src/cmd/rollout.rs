@@ -167,6 +167,22 @@ pub struct RolloutArgs {
     /// --follow the cache is dropped whenever new weights are loaded.
     #[arg(long, default_value = "4GiB", value_parser = crate::units::parse_bytes_usize)]
     pub prefix_cache_bytes: usize,
+    /// Dynamic sampling: after the planned groups, keep running extra groups from the task pool
+    /// until the output holds N informative groups (rewards that vary among the graded, non-infra
+    /// trials), or --max-extra-groups are spent. Extra group k is pool task k mod P with group id
+    /// --first-group + --epochs + k / P. Every group written is marked (`dynamic_sampling`); align
+    /// skips the uninformative ones, which stay in the file as data. Extras start only while the
+    /// informative groups written plus the groups in flight are fewer than N, so they never
+    /// overshoot N. A rerun resumes: extras already in the output are spent, the missing ones run.
+    #[arg(long, value_name = "N")]
+    pub min_informative_groups: Option<u64>,
+    /// Extra groups dynamic sampling may run beyond the planned ones (default 4 x N).
+    #[arg(long, value_name = "M", requires = "min_informative_groups")]
+    pub max_extra_groups: Option<u64>,
+    /// Tasks extra groups are drawn from (default: --input); tasks without an image in --images
+    /// are skipped. A rerun must name the same pool.
+    #[arg(long, value_name = "FILE", requires = "min_informative_groups")]
+    pub task_pool: Option<PathBuf>,
 }
 
 /// What the trajectories are for.
@@ -189,6 +205,17 @@ fn harness_sampling(mode: Mode, flag: Option<HarnessSampling>) -> HarnessSamplin
 pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     // Before any task is read or container started: `--device cuda` without a GPU fails here.
     crate::device::resolve(&args.device)?;
+    if args.min_informative_groups.is_some() && args.group_size < 2 {
+        anyhow::bail!(
+            "--min-informative-groups needs --group-size 2 or more: a group of one never has reward variance"
+        );
+    }
+    let dynamic = args
+        .min_informative_groups
+        .map(|n| crate::rollout::DynamicConfig {
+            min_informative_groups: n,
+            max_extra_groups: args.max_extra_groups.unwrap_or(4 * n),
+        });
     let temperature = args
         .temperature
         .unwrap_or(if args.mode == Mode::Eval { 0.7 } else { 1.0 });
@@ -241,6 +268,8 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         },
         progress: crate::ui::progress_enabled(global),
         strict: global.strict,
+        dynamic,
+        task_pool: args.task_pool,
     };
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let s = rt
@@ -274,6 +303,22 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         },
         s.prefix_cache.as_ref().map_or(String::new(), prefix_cache_line)
     );
+    if let Some(d) = &s.dynamic {
+        crate::stderr_line!(
+            "rollout: dynamic sampling: {} of {} groups informative (wanted {}), {} of {} extra groups spent, pool of {} tasks{}",
+            d.informative_groups,
+            d.sampled_groups,
+            d.min_informative_groups,
+            d.extra_groups,
+            d.max_extra_groups,
+            d.pool,
+            if d.informative_groups < d.min_informative_groups {
+                "; the budget ran out first"
+            } else {
+                ""
+            }
+        );
+    }
     Ok(if s.written > 0 && s.infra_failures == s.written {
         Outcome::Failures
     } else {

@@ -18,8 +18,8 @@ pub use packed::{DType, Packed, PackedError};
 pub use sample::{AlignStats, LossMask, Sample, SamplingRun, VersionRun};
 pub use task::{Environment, Grader, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
 pub use trajectory::{
-    AuditEvent, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming, Termination,
-    Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,
+    AuditEvent, DynamicSampling, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming,
+    Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,
     MALFORMED_TOOL_CALLS, REPLAYS, ROUTING_MISSING, SAMPLING_OVERRIDES, TAMPERING_KINDS,
 };
 pub use validation::{GateResult, StepMetrics, ValidationReport};

@@ -240,4 +240,9 @@ pub struct AlignStats {
     /// are trained as the text the policy wrote; a run whose calls stop parsing shows here).
     #[serde(default)]
     pub malformed_tool_calls: u64,
+    /// Trajectories of groups dynamic sampling marked uninformative (their rewards do not vary,
+    /// `Trajectory::dynamic_sampling`): read and counted in `trajectories`, but not aligned, so they
+    /// give no samples.
+    #[serde(default)]
+    pub skipped_uninformative: u64,
 }

@@ -144,6 +144,7 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             diff: Some(String::new()),
             mode: Some("train".into()),
             metadata: Default::default(),
+            dynamic_sampling: None,
         })
     );
     insta::assert_json_snapshot!(

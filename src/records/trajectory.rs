@@ -300,6 +300,46 @@ pub struct Trajectory {
     pub mode: Option<String>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+    /// Set by `rollout --min-informative-groups` (dynamic sampling) on every trajectory it
+    /// writes: whether its group carries a learning signal, and whether it was an extra group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling: Option<DynamicSampling>,
+}
+
+/// How dynamic sampling saw a trajectory's group (`Trajectory::dynamic_sampling`).
+///
+/// A group whose graded rewards do not vary gives GSPO no gradient; rollout keeps it in the file
+/// (it is data: the report counts it and `filter-tasks --drop-saturated` reads its pass rate) but
+/// marks it, and align skips it (`AlignStats::skipped_uninformative`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DynamicSampling {
+    /// Whether the group's rewards vary: among its graded, non-infra trials (weight > 0) at least
+    /// two rewards differ. False: align skips every trajectory of the group.
+    pub informative: bool,
+    /// 0-based index of the extra group, drawn from the task pool beyond the planned groups
+    /// (absent for a planned group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_group: Option<u64>,
+    /// Tasks in the pool extra groups are drawn from (after the shard and the image check).
+    pub pool: u64,
+}
+
+impl DynamicSampling {
+    /// Whether a group with these trials has reward variance > 0: at least two of its graded,
+    /// non-infra trials have different rewards.
+    pub fn varies<'a>(group: impl IntoIterator<Item = &'a Trajectory>) -> bool {
+        let mut first: Option<f64> = None;
+        for t in group {
+            if let (false, Some(r)) = (t.is_infra_failure(), t.reward) {
+                match first {
+                    None => first = Some(r),
+                    Some(f) if f != r => return true,
+                    Some(_) => {}
+                }
+            }
+        }
+        false
+    }
 }
 
 impl Trajectory {
@@ -334,7 +374,14 @@ impl Trajectory {
             diff: None,
             mode: None,
             metadata: Map::new(),
+            dynamic_sampling: None,
         }
+    }
+
+    /// Whether dynamic sampling marked this trajectory's group as giving no learning signal
+    /// (align skips it).
+    pub fn is_uninformative(&self) -> bool {
+        self.dynamic_sampling.is_some_and(|d| !d.informative)
     }
 
     /// The canonical trajectory id for (task, group, sample).

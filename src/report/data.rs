@@ -9,9 +9,10 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::behaviour::{behaviour, threads, Behaviour, Thread};
-use crate::io::{open_records, ReadOptions};
+use crate::io::{open_records, read_all, ReadOptions};
 use crate::records::{
-    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, Trajectory, ValidationReport,
+    AuditEvent, DynamicSampling, GraderResult, Sample, StageTiming, StepMetrics, TaskDecision, Trajectory,
+    ValidationReport,
 };
 use crate::validate::run::{for_each_trajectory, read_plain, RunError, RunFiles};
 
@@ -64,6 +65,16 @@ pub struct StepRow {
     pub infra_failures: u64,
     pub groups: u64,
     pub zero_variance_groups: u64,
+    /// Dynamic sampling (`rollout --min-informative-groups`; None when the step's rollout did not
+    /// sample dynamically): groups marked informative, extra groups drawn beyond the planned ones,
+    /// and the task pool's size.
+    pub informative_groups: Option<u64>,
+    pub extra_groups: Option<u64>,
+    pub task_pool: Option<u64>,
+    /// Tasks the loop's re-filter dropped from the pool before this step's batch
+    /// (`loop.sh --refilter`: `filter-tasks --drop-saturated`), by reason (`saturated_solved`,
+    /// `saturated_failed`); None without a re-filter.
+    pub pool_dropped: Option<BTreeMap<String, u64>>,
     pub response_tokens_mean: Option<f64>,
     pub turns_mean: Option<f64>,
     pub tool_calls_mean: Option<f64>,
@@ -288,6 +299,7 @@ pub fn build_embedding(
     let mut harnesses: BTreeMap<String, Acc> = BTreeMap::new();
     let mut terms: BTreeMap<String, Acc> = BTreeMap::new();
     let mut groups: BTreeMap<(u64, String, u64), Vec<f64>> = BTreeMap::new();
+    let mut marks: BTreeMap<(u64, String, u64), DynamicSampling> = BTreeMap::new();
     let mut data = ReportData {
         run: files
             .root
@@ -325,6 +337,9 @@ pub fn build_embedding(
         for (name, n) in &b.tool_names {
             *data.tool_names.entry(name.clone()).or_default() += n;
         }
+        if let Some(d) = t.dynamic_sampling {
+            marks.insert((step, t.task_id.clone(), t.group_id), d);
+        }
         let g = groups.entry((step, t.task_id.clone(), t.group_id)).or_default();
         if let (false, Some(r)) = (s.infra, s.reward) {
             g.push(r);
@@ -350,6 +365,28 @@ pub fn build_embedding(
         if let (Some((_, row)), false) = (steps.get_mut(step), rewards.is_empty()) {
             row.groups += 1;
             row.zero_variance_groups += u64::from(rewards.iter().all(|r| *r == rewards[0]));
+        }
+    }
+    for ((step, _, _), d) in &marks {
+        if let Some((_, row)) = steps.get_mut(step) {
+            *row.informative_groups.get_or_insert(0) += u64::from(d.informative);
+            *row.extra_groups.get_or_insert(0) += u64::from(d.extra_group.is_some());
+            row.task_pool = Some(row.task_pool.unwrap_or(0).max(d.pool));
+        }
+    }
+    for (step, path) in &files.pool_decisions {
+        let Some(step) = step else { continue };
+        let dropped = step_entry(&mut steps, *step)
+            .1
+            .pool_dropped
+            .get_or_insert_with(BTreeMap::new);
+        for d in read_all::<TaskDecision>(path, opts)?
+            .into_iter()
+            .filter(|d| !d.kept)
+        {
+            *dropped
+                .entry(d.reason.unwrap_or_else(|| d.stage.clone()))
+                .or_default() += 1;
         }
     }
     let metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;

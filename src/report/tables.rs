@@ -8,6 +8,10 @@ fn num(v: Option<f64>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
 }
 
+fn opt(v: Option<u64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
 fn finish(w: csv::Writer<Vec<u8>>, name: &str) -> Result<Vec<u8>, ReportError> {
     w.into_inner().map_err(|e| ReportError::Csv {
         table: name.to_string(),
@@ -35,6 +39,10 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
         "infra_failures",
         "groups",
         "zero_variance_groups",
+        "informative_groups",
+        "extra_groups",
+        "task_pool",
+        "pool_dropped",
         "response_tokens_mean",
         "turns_mean",
         "tool_calls_mean",
@@ -74,6 +82,13 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
             r.infra_failures.to_string(),
             r.groups.to_string(),
             r.zero_variance_groups.to_string(),
+            opt(r.informative_groups),
+            opt(r.extra_groups),
+            opt(r.task_pool),
+            r.pool_dropped
+                .as_ref()
+                .map(|d| d.values().sum::<u64>().to_string())
+                .unwrap_or_default(),
             num(r.response_tokens_mean),
             num(r.turns_mean),
             num(r.tool_calls_mean),

@@ -22,9 +22,12 @@
 //!   loaded one is complete under the root, the trials in flight finish, the backend reloads it and
 //!   new trajectories carry its policy version. A group that ends more than `max_staleness`
 //!   versions behind the newest checkpoint is discarded and run again with the newer policy.
+//! - **Dynamic sampling** (`dynamic`): after the planned groups, extra groups from the task pool
+//!   until N groups have reward variance or the extra budget is spent; every group is marked.
 
 pub mod audit;
 mod backend;
+pub mod dynamic;
 pub mod follow;
 pub mod forced;
 pub mod judge;
@@ -41,6 +44,7 @@ use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 
 pub use backend::{server_log, BackendSpec, VllmOptions};
+pub use dynamic::{DynamicConfig, DynamicSummary};
 pub use forced::Forced;
 pub use plan::{GroupPlan, Shard};
 
@@ -48,6 +52,7 @@ use crate::chat::ChatFormat;
 use crate::engine::PrefixCacheStats;
 use crate::harness::Harness;
 use backend::{check_behaviour_logprobs, load_chat, start_backend};
+use plan::{existing, usable_tasks};
 use progress::Progress;
 
 use crate::io::{read_all, AppendWriter, ReadOptions};
@@ -106,6 +111,10 @@ pub struct RolloutConfig {
     /// Fail on the first bad task or image record (the global `--strict`) instead of skipping
     /// and counting it.
     pub strict: bool,
+    /// Dynamic sampling (`--min-informative-groups`, `--max-extra-groups`).
+    pub dynamic: Option<DynamicConfig>,
+    /// Tasks extra groups are drawn from (`--task-pool`; default: `tasks`).
+    pub task_pool: Option<PathBuf>,
 }
 
 /// What a run did.
@@ -133,6 +142,8 @@ pub struct Summary {
     pub first_infra_cause: Option<String>,
     /// The backend's prefix-cache counters at the end, when it keeps them (the embedded engine).
     pub prefix_cache: Option<PrefixCacheStats>,
+    /// Dynamic sampling's figures over the whole output, when it is on.
+    pub dynamic: Option<DynamicSummary>,
 }
 
 /// Errors of a rollout run (each names its file or component).
@@ -201,47 +212,6 @@ fn task_root(tasks: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Tasks with a usable image, and how many had none.
-fn usable_tasks(tasks: Vec<Task>, images: &[ImageRecord]) -> (Vec<(Task, String)>, u64) {
-    let by_task: HashMap<&str, &ImageRecord> = images
-        .iter()
-        .filter(|r| r.error.is_none())
-        .map(|r| (r.task_id.as_str(), r))
-        .collect();
-    let mut missing = 0;
-    let mut out = Vec::new();
-    for t in tasks {
-        match by_task.get(t.id.as_str()) {
-            Some(r) => {
-                let image = r.image.clone();
-                out.push((t, image));
-            }
-            None => {
-                tracing::warn!("task {}: no usable image in the manifest; skipped", t.id);
-                missing += 1;
-            }
-        }
-    }
-    (out, missing)
-}
-
-/// The trajectories already in `output` (after the append writer cut any torn frame).
-fn existing_keys(output: &Path) -> Result<BTreeSet<plan::Key>, RolloutError> {
-    if !output.exists() {
-        return Ok(BTreeSet::new());
-    }
-    // Strict: a record that does not parse must stop the run, not be silently run again.
-    let opts = ReadOptions {
-        strict: true,
-        ..Default::default()
-    };
-    let trajs: Vec<Trajectory> = read_all(output, opts)?;
-    Ok(trajs
-        .into_iter()
-        .map(|t| (t.task_id, t.group_id, t.sample_index))
-        .collect())
-}
-
 struct GroupState {
     plan: GroupPlan,
     policy_version: u64,
@@ -278,8 +248,15 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     let images: Vec<ImageRecord> = read_all(&cfg.images, inputs)?;
     let shard_tasks = cfg.shard.select(&tasks);
     let (usable, tasks_without_image) = usable_tasks(shard_tasks, &images);
-    let image_of: HashMap<String, String> = usable.iter().map(|(t, i)| (t.id.clone(), i.clone())).collect();
+    let mut image_of: HashMap<String, String> =
+        usable.iter().map(|(t, i)| (t.id.clone(), i.clone())).collect();
     let tasks: Vec<Task> = usable.into_iter().map(|(t, _)| t).collect();
+    // Dynamic sampling's pool: the shard's tasks of --task-pool (default the input) with an image.
+    let pool: Vec<Task> = match (&cfg.dynamic, &cfg.task_pool) {
+        (None, _) => Vec::new(),
+        (Some(_), None) => tasks.clone(),
+        (Some(_), Some(path)) => dynamic::load_pool(path, cfg.shard, &images, inputs, &mut image_of)?,
+    };
 
     if let Some(dir) = cfg.output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| crate::io::IoError::Write {
@@ -291,7 +268,11 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     if cut > 0 {
         tracing::warn!("{}: cut a torn final frame of {cut} bytes", cfg.output.display());
     }
-    let done = existing_keys(&cfg.output)?;
+    let before = existing(&cfg.output)?;
+    let done: BTreeSet<plan::Key> = before
+        .iter()
+        .map(|t| (t.task_id.clone(), t.group_id, t.sample_index))
+        .collect();
     let mut summary = Summary {
         existing: done.len() as u64,
         tasks_without_image,
@@ -299,7 +280,12 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     };
     let mut pending: VecDeque<GroupPlan> =
         plan::plan(&tasks, cfg.epochs, cfg.first_group, cfg.group_size, &done).into();
-    if pending.is_empty() {
+    let mut oversampler = cfg
+        .dynamic
+        .map(|d| dynamic::Oversampler::new(d, pool, cfg.first_group + cfg.epochs, cfg.group_size, &before));
+    drop(before);
+    summary.dynamic = oversampler.as_ref().map(dynamic::Oversampler::summary);
+    if pending.is_empty() && oversampler.as_ref().is_none_or(|o| !o.wants_more(0)) {
         return Ok(summary);
     }
     let total_trials: u64 = pending.iter().map(|g| g.samples.len() as u64).sum();
@@ -438,6 +424,9 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                     // trials'; a rerun runs the group again.
                     crate::sandbox::trial::park_if_interrupted().await;
                     g.trajectories.sort_by_key(|t| t.sample_index);
+                    if let Some(o) = oversampler.as_mut() {
+                        o.mark(&mut g.trajectories);
+                    }
                     for t in &g.trajectories {
                         writer.push(t)?;
                     }
@@ -483,17 +472,27 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     loop {
         let written_or_running = summary.existing + summary.written + in_flight_trials;
         let limit_reached = cfg.max_trajectories.is_some_and(|m| written_or_running >= m);
-        let next = if limit_reached { None } else { pending.pop_front() };
+        // The planned groups first; then, with dynamic sampling, extra groups while more
+        // informative ones are needed (the groups in flight counted as if they will be).
+        let next = if limit_reached {
+            None
+        } else {
+            pending
+                .pop_front()
+                .or_else(|| oversampler.as_mut().and_then(|o| o.next_group(groups.len())))
+        };
         let Some(group) = next else {
             match running.join_next().await {
                 Some(j) => {
                     on_done!(j);
                     continue;
                 }
-                None if pending.is_empty() || limit_reached => break,
-                None => continue,
+                None => break,
             }
         };
+        if group.group_id >= cfg.first_group + cfg.epochs {
+            progress.total.inc_length(group.samples.len() as u64);
+        }
         // Between groups: switch to the newest checkpoint once the trials in flight are done, or
         // (--reload-in-flight) between their generations.
         if let Some(root) = &cfg.follow {
@@ -575,6 +574,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     server.abort();
     summary.reward_mean = (graded > 0).then(|| reward_sum / graded as f64);
     summary.prefix_cache = backend.prefix_cache_stats();
+    summary.dynamic = oversampler.as_ref().map(dynamic::Oversampler::summary);
     Ok(summary)
 }
 

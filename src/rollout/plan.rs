@@ -1,11 +1,14 @@
 //! What a rollout run has to do: the shard's tasks, one group per task and epoch, minus the
 //! (task, group, sample) keys already in the output.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
-use crate::records::Task;
+use super::RolloutError;
+use crate::io::{read_all, ReadOptions};
+use crate::records::{ImageRecord, Task, Trajectory};
 
 /// `--shard i/n`: this process takes the tasks whose 0-based position in the input is `i` mod `n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +93,43 @@ pub fn plan(
         }
     }
     out
+}
+
+/// Tasks with a usable image, and how many had none.
+pub(super) fn usable_tasks(tasks: Vec<Task>, images: &[ImageRecord]) -> (Vec<(Task, String)>, u64) {
+    let by_task: HashMap<&str, &ImageRecord> = images
+        .iter()
+        .filter(|r| r.error.is_none())
+        .map(|r| (r.task_id.as_str(), r))
+        .collect();
+    let mut missing = 0;
+    let mut out = Vec::new();
+    for t in tasks {
+        match by_task.get(t.id.as_str()) {
+            Some(r) => {
+                let image = r.image.clone();
+                out.push((t, image));
+            }
+            None => {
+                tracing::warn!("task {}: no usable image in the manifest; skipped", t.id);
+                missing += 1;
+            }
+        }
+    }
+    (out, missing)
+}
+
+/// The trajectories already in `output` (after the append writer cut any torn frame).
+pub(super) fn existing(output: &Path) -> Result<Vec<Trajectory>, RolloutError> {
+    if !output.exists() {
+        return Ok(Vec::new());
+    }
+    // Strict: a record that does not parse must stop the run, not be silently run again.
+    let opts = ReadOptions {
+        strict: true,
+        ..Default::default()
+    };
+    Ok(read_all(output, opts)?)
 }
 
 #[cfg(test)]

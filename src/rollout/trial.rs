@@ -240,6 +240,7 @@ fn trajectory(
         diff: result.diff,
         mode: Some(shared.mode.clone()),
         metadata,
+        dynamic_sampling: None,
     }
 }
 

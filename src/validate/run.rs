@@ -41,6 +41,9 @@ pub struct RunFiles {
     /// Held-out evaluation trajectories (`eval/step-NNNNNN.jsonl.zst`, step = the evaluated
     /// checkpoint's policy version). Reported beside the training rewards; no gate reads them.
     pub eval: Vec<(Option<u64>, PathBuf)>,
+    /// `filter-tasks` decisions of the loop's between-step re-filter (`pool/step-NNNNNN.decisions.jsonl.zst`,
+    /// step = the batch whose pool it made; `scripts/loop.sh --refilter`). The report counts the drops.
+    pub pool_decisions: Vec<(Option<u64>, PathBuf)>,
 }
 
 /// `step-000012.jsonl.zst` → 12: the digits after the last `step-` (or `step_`) in the name.
@@ -96,6 +99,10 @@ impl RunFiles {
             metrics: one_of(root, "metrics"),
             validation: one_of(root, "validation"),
             eval: list(&root.join("eval"))?,
+            pool_decisions: list(&root.join("pool"))?
+                .into_iter()
+                .filter(|(_, p)| p.to_string_lossy().ends_with(".decisions.jsonl.zst"))
+                .collect(),
         };
         if !allow_empty && files.is_empty() {
             return Err(RunError::NotARun {

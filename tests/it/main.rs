@@ -14,6 +14,7 @@ mod dist;
 mod dist_ep;
 mod dist_train;
 mod docs;
+mod dynamic;
 mod engine;
 mod filter_tasks;
 mod gpu_check;

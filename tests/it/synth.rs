@@ -227,6 +227,7 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
         diff: Some("--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-1\n+2\n".into()),
         mode: Some("train".into()),
         metadata: Default::default(),
+        dynamic_sampling: None,
     }
 }
 
