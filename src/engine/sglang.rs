@@ -126,16 +126,28 @@ impl SglangBackend {
 
     async fn reload_inner(&self, dir: std::path::PathBuf) -> Result<(), EngineError> {
         let url = format!("{}/update_weights_from_disk", self.base);
+        // A failed load answers HTTP 400 with the same body, which `post_json` turns into an
+        // error carrying it.
         let v = post_json(&self.client, NAME, &url, &json!({ "model_path": dir })).await?;
-        if v["success"].as_bool() == Some(false) {
-            return Err(EngineError::BadResponse {
-                backend: NAME,
-                url,
-                msg: format!("reload failed: {}", v["message"].as_str().unwrap_or("")),
-            });
-        }
-        Ok(())
+        reload_answer(&url, &v)
     }
+}
+
+/// `POST /update_weights_from_disk`'s answer, `{"success", "message", "num_paused_requests"}`
+/// (older servers: the first two): only `success: true` means the new weights serve. Anything else,
+/// a missing field included (another service on that path), is an error naming the message.
+fn reload_answer(url: &str, v: &Value) -> Result<(), EngineError> {
+    if v["success"].as_bool() == Some(true) {
+        return Ok(());
+    }
+    Err(EngineError::BadResponse {
+        backend: NAME,
+        url: url.to_string(),
+        msg: match v["message"].as_str() {
+            Some(m) => format!("reload failed: {m}"),
+            None => format!("reload answer without \"success\": true: {v}"),
+        },
+    })
 }
 
 /// `meta_info.routed_experts`: base64 of a flat little-endian int32 array `[token][layer][k]`
@@ -211,6 +223,20 @@ mod tests {
     }
 
     const SHAPE: RoutingShape = RoutingShape { layers: 2, top_k: 2 };
+
+    #[test]
+    fn reload_answers_are_read_as_sglang_writes_them() {
+        let url = "http://sglang/update_weights_from_disk";
+        reload_answer(url, &fixture("sglang-update-weights-from-disk.json")).unwrap();
+        let err = reload_answer(url, &fixture("sglang-update-weights-from-disk-failure.json")).unwrap_err();
+        assert!(
+            err.to_string().contains("reload failed: Failed to get weights iterator"),
+            "{err}"
+        );
+        // An answer without `success` (not SGLang's endpoint) never counts as a reload.
+        let err = reload_answer(url, &json!({})).unwrap_err();
+        assert!(err.to_string().contains("without \"success\": true"), "{err}");
+    }
 
     #[test]
     fn routing_decodes_as_sglang_returns_it() {

