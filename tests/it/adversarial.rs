@@ -97,6 +97,29 @@ pub(crate) fn old_git_image(image: &str) -> Option<String> {
     Some(out)
 }
 
+/// `image` with `ENV PYTHONPATH=<workdir>/lib_env`: a task image that puts a repository directory
+/// on the path by its environment alone (the import-path probe must find it; the command's text
+/// does not name it).
+fn env_pythonpath_image(image: &str, workdir: &str) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("env-pythonpath");
+    std::fs::create_dir_all(&dir).expect("image context");
+    let dockerfile = format!("FROM {image}\nENV PYTHONPATH={workdir}/lib_env\n");
+    std::fs::write(dir.join("Dockerfile"), dockerfile).expect("Dockerfile");
+    let (name, tag) = image.rsplit_once(':').expect("a tagged image");
+    let out = format!("{name}-env-pythonpath:{tag}");
+    let built = Command::new("docker")
+        .args(["build", "-q", "-t", &out])
+        .arg(&dir)
+        .output()
+        .expect("docker build runs");
+    assert!(
+        built.status.success(),
+        "docker build {out}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
 /// git 2.39's binary (see [`old_git_image`]).
 fn old_git() -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("old-git");
@@ -273,12 +296,21 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
     // LEGO_RL_ADVERSARIAL_ONLY=NAME,... runs only those cases (for debugging one trick).
     let only = std::env::var("LEGO_RL_ADVERSARIAL_ONLY").unwrap_or_default();
     let git = old_git_image(&images()[SWE].image);
+    let workdir = swe
+        .environment
+        .workdir
+        .clone()
+        .unwrap_or_else(|| "/testbed".into());
+    let env_image = env_pythonpath_image(&images()[SWE].image, &workdir);
     let all: Vec<Case> = cases(&swe, &harbor)
         .into_iter()
         .filter(|c| only.is_empty() || only.split(',').any(|o| o == c.name))
         .filter_map(|mut c| {
             if c.name.ends_with("-on-git-2.39") {
                 c.image = Some(git.clone()?);
+            }
+            if c.name.ends_with("-images-env-pythonpath") {
+                c.image = Some(env_image.clone());
             }
             Some(c)
         })

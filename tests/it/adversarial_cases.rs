@@ -194,6 +194,19 @@ pub(crate) fn cases(swe: &Task, harbor: &Task) -> Vec<Case> {
             c
         },
         {
+            // The same from a directory that only the image's ENV PYTHONPATH puts on the path (the
+            // command sets none). Its image is set by the suite.
+            let mut c = trick(
+                "shadow-pytest-via-the-images-env-pythonpath",
+                write("lib_env/pytest.py", &fake_pytest),
+                "shadowing",
+                &[Defence::ImportPathProbe, Defence::ResultChannel],
+                Scores::Reward,
+            );
+            c.test_cmd = Some("python3 -m pytest -p no:cacheprovider -o addopts=");
+            c
+        },
+        {
             // Code under test that, at the interpreter's exit, strips every failure from the
             // junit.xml pytest just wrote and forces exit status 0.
             let mut c = trick(
