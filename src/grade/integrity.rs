@@ -27,8 +27,16 @@ use crate::records::AuditEvent;
 pub use crate::records::{GRADER_TAMPERING, TAMPERING_KINDS};
 
 /// Names every grader imports, whatever the interpreter reports (the fallback when it reports
-/// nothing): pytest and its dependencies.
-pub const RUNNER_MODULES: &[&str] = &["pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py"];
+/// nothing): pytest, its dependencies and the grader's own result plugin.
+pub const RUNNER_MODULES: &[&str] = &[
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "iniconfig",
+    "packaging",
+    "py",
+    super::channel::PLUGIN_MODULE,
+];
 
 /// The Python one-liner (run as root, isolated, before the diff is applied) that prints, one a
 /// line, every top-level name the grader's interpreter can import from outside the repository.

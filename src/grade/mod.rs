@@ -3,12 +3,15 @@
 //! - [`swebench`]: per-test statuses from pytest's JUnit XML (preferred) or its `-rA` summary
 //!   ([`pytest`]); reward 1 iff every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed or
 //!   was skipped (SWE-bench's RESOLVED_FULL). No evidence that the suite ran is never a pass.
+//! - [`channel`]: the per-test stream the grader's own pytest plugin writes to a root-owned pipe;
+//!   it decides SWE statuses, and junit.xml is checked against it.
 //! - [`harbor`]: `/logs/verifier/reward.json` then `reward.txt`; a missing or non-finite reward is an
 //!   error (the trial is an infra failure), not 0.
 //!
 //! Pure functions over text, so they are unit-tested without containers; `sandbox::trial` runs the
 //! commands and feeds the outputs here.
 
+pub mod channel;
 pub mod harbor;
 pub mod hooks;
 pub mod integrity;

@@ -9,6 +9,8 @@
 //! cases stand for is in man/lego-rl-formats.md ("Reward integrity"). Fails loudly when Docker is
 //! missing and `CI` is set.
 
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -40,7 +42,7 @@ async fn run_case(engine: &Engine, t: &Task, run: &str, c: &Case, unguarded: boo
     if let Some(b) = c.diff_bytes {
         limits.diff_bytes = b;
     }
-    let image = images()[&t.id].image.clone();
+    let image = c.image.clone().unwrap_or_else(|| images()[&t.id].image.clone());
     let name = if unguarded {
         format!("{}-unguarded", c.name)
     } else {
@@ -57,6 +59,9 @@ async fn run_case(engine: &Engine, t: &Task, run: &str, c: &Case, unguarded: boo
         Vec::new(),
         Vec::new(),
     );
+    for d in &c.keep_off {
+        trial = trial.without_defence(*d);
+    }
     if unguarded {
         for d in &c.off {
             trial = trial.without_defence(*d);
@@ -65,12 +70,115 @@ async fn run_case(engine: &Engine, t: &Task, run: &str, c: &Case, unguarded: boo
     trial.run(&c.script).await
 }
 
+/// `image` with git 2.39 in place of the base image's 2.47 (agent, extraction and grading all run
+/// it): the git of SWE-bench's images (2.34) and every git before 2.42 ignores `GIT_ATTR_SOURCE`.
+/// The binary comes from Debian bookworm's package through the host's apt (`apt-get download`,
+/// cached under the target directory); `None` (the case is skipped, loudly) where apt offers no
+/// git older than 2.42.
+pub(crate) fn old_git_image(image: &str) -> Option<String> {
+    let git = old_git()?;
+    let dir = git.parent()?.parent()?.parent()?.parent()?.to_path_buf();
+    std::fs::write(
+        dir.join("Dockerfile"),
+        format!("FROM {image}\nCOPY x/usr/bin/git /usr/bin/git\n"),
+    )
+    .ok()?;
+    let (name, tag) = image.rsplit_once(':')?;
+    let out = format!("{name}-git-2.39:{tag}");
+    let ok = Command::new("docker")
+        .args(["build", "-q", "-t", &out])
+        .arg(&dir)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED git < 2.42 case: docker build of {out} failed");
+        return None;
+    }
+    Some(out)
+}
+
+/// `image` with `ENV PYTHONPATH=<workdir>/lib_env`: a task image that puts a repository directory
+/// on the path by its environment alone (the import-path probe must find it; the command's text
+/// does not name it).
+fn env_pythonpath_image(image: &str, workdir: &str) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("env-pythonpath");
+    std::fs::create_dir_all(&dir).expect("image context");
+    let dockerfile = format!("FROM {image}\nENV PYTHONPATH={workdir}/lib_env\n");
+    std::fs::write(dir.join("Dockerfile"), dockerfile).expect("Dockerfile");
+    let (name, tag) = image.rsplit_once(':').expect("a tagged image");
+    let out = format!("{name}-env-pythonpath:{tag}");
+    let built = Command::new("docker")
+        .args(["build", "-q", "-t", &out])
+        .arg(&dir)
+        .output()
+        .expect("docker build runs");
+    assert!(
+        built.status.success(),
+        "docker build {out}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
+/// git 2.39's binary (see [`old_git_image`]).
+fn old_git() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("old-git");
+    let git = dir.join("x/usr/bin/git");
+    if git.exists() {
+        return Some(git);
+    }
+    let candidate = Command::new("apt-cache").args(["policy", "git"]).output().ok()?;
+    let text = String::from_utf8_lossy(&candidate.stdout).to_string();
+    let version = text.lines().find_map(|l| l.trim().strip_prefix("Candidate: "))?;
+    // `1:2.39.5-0+deb12u3`: the minor version after `2.`.
+    let minor: u32 = version
+        .rsplit(':')
+        .next()?
+        .strip_prefix("2.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()?;
+    if minor >= 42 {
+        eprintln!("SKIPPED git < 2.42 case: apt's git is {version}");
+        return None;
+    }
+    std::fs::create_dir_all(&dir).ok()?;
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg("apt-get download git >/dev/null 2>&1 && dpkg-deb -x git_*.deb x")
+        .current_dir(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok || !git.exists() {
+        eprintln!("SKIPPED git < 2.42 case: apt-get download git failed");
+        return None;
+    }
+    Some(git)
+}
+
 /// The unguarded run of a trick must score what its author is after.
 fn check_unguarded(c: &Case, r: &TrialResult) -> Result<(), String> {
+    if let Some(line) = c.log_has {
+        if !r.agent_log.as_deref().unwrap_or_default().contains(line) {
+            return Err(format!(
+                "{} (unguarded): agent log lacks {line:?}: {:?}",
+                c.name, r.agent_log
+            ));
+        }
+    }
     let ctx = || {
         format!(
-            "{} (unguarded, {:?} off): {:?} {:?} infra={:?} audit={:?} grader={:?}",
-            c.name, c.off, r.termination, r.reward, r.infra_cause, r.audit, r.grader
+            "{} (unguarded, {:?} off): {:?} {:?} infra={:?} audit={:?} log={:?} diff={:?} grader={:?}",
+            c.name,
+            c.off,
+            r.termination,
+            r.reward,
+            r.infra_cause,
+            r.audit,
+            r.agent_log,
+            r.diff.as_deref().map(|d| lego_rl::text::tail_bytes(d, 600)),
+            r.grader
         )
     };
     let ok = match c.scores {
@@ -110,6 +218,11 @@ fn check(c: &Case, r: &TrialResult) -> Result<(), String> {
     };
     if r.infra_failure {
         return Err(format!("infra failure {:?}: {}", r.infra_cause, ctx()));
+    }
+    if let Some(line) = c.log_has {
+        if !r.agent_log.as_deref().unwrap_or_default().contains(line) {
+            return Err(format!("agent log lacks {line:?}: {}", ctx()));
+        }
     }
     if r.reward.is_some_and(|x| x > 0.0) && r.audit.iter().any(|a| a.kind == "diff_too_large") {
         return Err(format!("a diff over the limit was graded: {}", ctx()));
@@ -182,9 +295,25 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
     let run = run_id("adversarial");
     // LEGO_RL_ADVERSARIAL_ONLY=NAME,... runs only those cases (for debugging one trick).
     let only = std::env::var("LEGO_RL_ADVERSARIAL_ONLY").unwrap_or_default();
+    let git = old_git_image(&images()[SWE].image);
+    let workdir = swe
+        .environment
+        .workdir
+        .clone()
+        .unwrap_or_else(|| "/testbed".into());
+    let env_image = env_pythonpath_image(&images()[SWE].image, &workdir);
     let all: Vec<Case> = cases(&swe, &harbor)
         .into_iter()
         .filter(|c| only.is_empty() || only.split(',').any(|o| o == c.name))
+        .filter_map(|mut c| {
+            if c.name.ends_with("-on-git-2.39") {
+                c.image = Some(git.clone()?);
+            }
+            if c.name.ends_with("-images-env-pythonpath") {
+                c.image = Some(env_image.clone());
+            }
+            Some(c)
+        })
         .collect();
     // Every case guarded, and every trick once more unguarded.
     let runs: Vec<(usize, bool)> = all

@@ -9,6 +9,10 @@
 pub enum Defence {
     /// A new module shadowing what the grader imports gets reward 0 (`shadowing`).
     Shadowing,
+    /// Of [`Defence::Shadowing`], the directories found by running the task's test command at the
+    /// base commit (the real `sys.path`: `$VAR` and absolute `PYTHONPATH` entries, the image's ENV,
+    /// the ini's `pythonpath`); off, only the ones read from the command's text and the test paths.
+    ImportPathProbe,
     /// Compiled Python is left out of the diff and planted bytecode gets reward 0 (`bytecode`).
     Bytecode,
     /// Special files (FIFOs, devices) are skipped by the scans of the agent's tree.
@@ -25,6 +29,9 @@ pub enum Defence {
     ProtectedTests,
     /// git attributes come from the base commit and lego-rl's override, never from the agent.
     GitAttributes,
+    /// Of [`Defence::GitAttributes`], the part that works on any git version: the `info/attributes`
+    /// override and `core.attributesFile=/dev/null` (off: only `GIT_ATTR_SOURCE`, git >= 2.42).
+    AttributesOverride,
     /// Nested repositories are left out of the diff instead of failing extraction.
     NestedRepo,
     /// A diff over the size limit is not read (reward 0, `diff_too_large`).
@@ -32,4 +39,7 @@ pub enum Defence {
     /// Failures the diff causes while grading (a test patch that no longer applies, a killed
     /// grading shell, a missing reward file) give reward 0 with an event, not `infra:evaluate`.
     SabotageCostsReward,
+    /// SWE statuses come from the grader's root-owned result stream, and junit.xml must agree with
+    /// it (`result_tampering`); off, junit.xml (or the log) and the exit code decide.
+    ResultChannel,
 }

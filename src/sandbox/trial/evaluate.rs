@@ -5,9 +5,11 @@
 //! imported in place of the grader's own.
 //!
 //! - SWE-style: protected test files restored, the test patch applied, `test_cmd` run, statuses
-//!   graded ([`grade::swebench`]).
+//!   graded ([`grade::swebench`]) from the grader's root-owned result stream ([`channel`]), which
+//!   junit.xml must agree with.
 //! - Harbor: `/tests` uploaded only after the diff is applied, `test.sh` run as the task's
-//!   `[verifier] user` (else the non-root agent user), `/logs/verifier/reward.*` read by root.
+//!   `[verifier] user` (else the non-root agent user) with pytest's plugin autoload off (the image's
+//!   plugins named in `PYTEST_PLUGINS`), `/logs/verifier/reward.*` read by root.
 //!
 //! Before any test runs, [`grade::integrity::tampering`] checks the diff; a diff that shadows a
 //! module the grader imports, or a tree with planted bytecode (found at extraction), gets reward 0
@@ -16,10 +18,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use super::results::{grading_wrapper, RESULTS};
 use super::revert::Reverts;
 use super::stop::neutral_attributes_script;
 use super::{diff_files, Defence, Trial};
 use crate::grade;
+use crate::grade::channel;
 use crate::grade::hooks;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
@@ -136,15 +140,21 @@ impl Trial {
                 tail_bytes(&out.stderr, 2000)
             )));
         }
-        let (plugins, names): (Vec<&str>, Vec<&str>) =
-            out.stdout.lines().partition(|l| l.starts_with("pytest11 "));
+        // The import-path probe's directories, when it ran (see `evaluate_swebench`).
+        let mut dirs = dirs.clone();
+        dirs.extend(channel::syspath_dirs(&out.stdout));
+        let (plugins, names): (Vec<&str>, Vec<&str>) = out
+            .stdout
+            .lines()
+            .filter(|l| !l.starts_with("LEGO_SYSPATH "))
+            .partition(|l| l.starts_with("pytest11 "));
         let plugins: Vec<String> = plugins
             .iter()
             .filter_map(|l| l.strip_prefix("pytest11 "))
             .map(str::to_string)
             .collect();
         if self.defended(Defence::Shadowing) {
-            let events = integrity::tampering(diff, dirs, &integrity::grader_names(&names.join("\n")));
+            let events = integrity::tampering(diff, &dirs, &integrity::grader_names(&names.join("\n")));
             self.audit.extend(events);
         }
         // This check's events and extraction's (planted bytecode).
@@ -179,6 +189,7 @@ impl Trial {
             .start_eval_container(&[
                 ("agent.diff", diff.as_bytes()),
                 ("test.patch", test_patch.as_bytes()),
+                ("plugin.py", channel::PLUGIN_PY.as_bytes()),
             ])
             .await?;
         let wd = sh_quote(&self.workdir);
@@ -188,9 +199,36 @@ impl Trial {
         } else {
             String::new()
         };
+        // The grader's plugin, root-owned in the site-packages of the interpreter the grader runs:
+        // the result stream and the import-path probe.
+        let channel = self.defended(Defence::ResultChannel);
+        let plugin = format!(
+            "P=$(python3 -I -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); \
+             install -D -m 644 -o root -g root /tmp/lego/plugin.py \"$P/{}.py\"; ",
+            channel::PLUGIN_MODULE
+        );
+        // The import-path probe: the task's own test command, as the test user at the base
+        // commit (same directory, same environment: the image's ENV, the command's PYTHONPATH with
+        // its `$VAR` and absolute entries, the ini's `pythonpath`), stopped before collection.
+        let probe = if self.defended(Defence::Shadowing) && self.defended(Defence::ImportPathProbe) {
+            let out = "/tmp/lego/out/syspath";
+            let cmd = format!(
+                "cd {wd}; {SAFE_PYTHON}; export {}={out}; {test_cmd} -p {} >/dev/null 2>&1",
+                channel::SYSPATH_ENV,
+                channel::PLUGIN_MODULE
+            );
+            format!(
+                "; setpriv --reuid={AGENT_USER} --regid={AGENT_USER} --init-groups -- env HOME=/home/{AGENT_USER} \
+                 bash -c {} || true; cat {out} 2>/dev/null || true; rm -f {out}; \
+                 cd {wd}; git reset -q --hard {base}; git clean -qfdx; chown -R {AGENT_USER}:{AGENT_USER} {wd}",
+                sh_quote(&cmd)
+            )
+        } else {
+            String::new()
+        };
         let prep = format!(
-            "cd {wd}; {attrs}git reset -q --hard {base}; git clean -qfdx; mkdir -p /tmp/lego/out; \
-             chown -R {AGENT_USER}:{AGENT_USER} {wd} /tmp/lego/out"
+            "{plugin}cd {wd}; {attrs}git reset -q --hard {base}; git clean -qfdx; mkdir -p /tmp/lego/out; \
+             chown -R {AGENT_USER}:{AGENT_USER} {wd} /tmp/lego/out{probe}"
         );
         let tests = test_files
             .iter()
@@ -230,6 +268,14 @@ impl Trial {
             ("", String::new())
         };
         let files: Vec<String> = test_files.iter().map(|f| sh_quote(f)).collect();
+        let (channel_env, channel_p) = if channel {
+            (
+                format!("export {}=3; ", channel::FD_ENV),
+                format!(" -p {}", channel::PLUGIN_MODULE),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         // As the non-root user from here on: applying the diff cannot write outside what that
         // user owns (the repository, /tmp/lego/out), whatever a fallback like `patch` does.
         let script = format!(
@@ -242,15 +288,22 @@ impl Trial {
              else git reset -q --hard; git clean -qfd; M=failed; fi; echo \"LEGO_APPLY=$M\"; \
              {reverts_sh}{restore_tests}\
              if [ -s /tmp/lego/test.patch ] && ! git apply --binary /tmp/lego/test.patch; then echo LEGO_TEST_PATCH_FAILED; exit 3; fi; \
-             {SAFE_PYTHON}; {autoload_env}\
-             {test_cmd} {plugins} -rA --junitxml=/tmp/lego/out/junit.xml {files} >/tmp/lego/out/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
+             {SAFE_PYTHON}; {autoload_env}{channel_env}\
+             {test_cmd} {plugins}{channel_p} -rA --junitxml=/tmp/lego/out/junit.xml {files} >/tmp/lego/out/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
             files = files.join(" "),
             autoload_env = autoload.0,
             plugins = autoload.1,
         );
         let out = self
             .engine
-            .exec(&id, AGENT_USER, "/", &[], &script, self.limits.eval)
+            .exec(
+                &id,
+                "root",
+                "/",
+                &[],
+                &grading_wrapper(&script, channel),
+                self.limits.eval,
+            )
             .await?;
         if out.timed_out && !diff.trim().is_empty() {
             return Ok(timed_out(&out.stdout));
@@ -308,13 +361,47 @@ impl Trial {
             )
             .await?
             .stdout;
-        let statuses =
-            grade::pytest::parse_junit(&junit, test_files).unwrap_or_else(|| grade::pytest::parse_log(&log));
+        let junit = grade::pytest::parse_junit(&junit, test_files);
+        // With the result channel, the stream decides and junit.xml must agree with it; the exit
+        // code is pytest's own as the plugin saw it (the shell's, which code under test can force
+        // with `os._exit`, only when the session never finished).
+        let (statuses, resolve_exit) = if channel {
+            let text = self
+                .engine
+                .exec(
+                    &id,
+                    "root",
+                    "/",
+                    &[],
+                    &format!("head -c 16000000 {RESULTS}/stream"),
+                    short,
+                )
+                .await?
+                .stdout;
+            let stream = channel::parse(&text);
+            let graded: Vec<String> = self
+                .task
+                .fail_to_pass
+                .iter()
+                .chain(&self.task.pass_to_pass)
+                .cloned()
+                .collect();
+            if let Some(event) = channel::tampering(&stream, junit.as_ref(), &graded) {
+                self.audit.push(event.clone());
+                let (reward, mut result) = tampered(&[event]);
+                result.apply = apply;
+                result.exit_code = exit_code;
+                return Ok((reward, result));
+            }
+            (stream.statuses, stream.exit_status.or(exit_code))
+        } else {
+            (junit.unwrap_or_else(|| grade::pytest::parse_log(&log)), exit_code)
+        };
         let verdict = grade::swebench::resolve(
             &statuses,
             &self.task.fail_to_pass,
             &self.task.pass_to_pass,
-            exit_code,
+            resolve_exit,
         );
         let mut log_tail = tail_bytes(&log, 4000);
         if let Some(note) = &verdict.note {
@@ -384,9 +471,22 @@ impl Trial {
              rm -rf /tests /logs/verifier; mkdir -p {wd} /logs/verifier; chown -R {u} {wd} /logs/verifier"
         );
         let dirs = BTreeSet::from([String::new()]);
-        if let (Some(verdict), _) = self.prepare_and_check(&id, &prep, &diff, &dirs).await? {
+        let (verdict, plugins) = self.prepare_and_check(&id, &prep, &diff, &dirs).await?;
+        if let Some(verdict) = verdict {
             return Ok(verdict);
         }
+        // test.sh runs pytest itself: autoload off there too, the image's own plugins by name
+        // (`PYTEST_PLUGINS`, read by every pytest test.sh starts; nothing the diff adds is).
+        let autoload = if self.defended(Defence::PluginAutoload) {
+            let named = if plugins.is_empty() {
+                String::new()
+            } else {
+                format!(" PYTEST_PLUGINS={}", sh_quote(&plugins.join(",")))
+            };
+            format!("export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1{named}; ")
+        } else {
+            String::new()
+        };
         let parent = std::path::Path::new(&self.workdir)
             .parent()
             .map_or("/".to_string(), |p| p.display().to_string());
@@ -409,7 +509,7 @@ impl Trial {
             "chmod -R a+rX /tests; \
              setpriv --reuid={u} --regid={u} --init-groups -- env HOME=/tmp bash -c {}; echo \"LEGO_EXIT=$?\"",
             sh_quote(&format!(
-                "cd {wd}; {SAFE_PYTHON}; bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
+                "cd {wd}; {SAFE_PYTHON}; {autoload}bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
             ))
         );
         let out = self

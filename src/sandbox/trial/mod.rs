@@ -50,6 +50,7 @@ mod defence;
 mod evaluate;
 mod lifecycle;
 mod observe;
+mod results;
 mod revert;
 mod setup;
 mod signals;

@@ -106,6 +106,8 @@ pub struct ExtractOptions {
     /// Neutralise every git attribute (`info/attributes` overrides any `.gitattributes`, on every
     /// git version; `GIT_ATTR_SOURCE` alone needs git 2.42).
     pub neutral_attributes: bool,
+    /// Read `.gitattributes` from the base commit (`GIT_ATTR_SOURCE=HEAD`, ignored before git 2.42).
+    pub attr_source: bool,
     /// Leave nested repositories out of the diff (an empty one makes `git add -A` fail), each
     /// named on stderr by a [`NESTED_MARK`] line.
     pub skip_nested: bool,
@@ -164,12 +166,15 @@ pub fn extract_script(workdir: &str, o: ExtractOptions) -> String {
         wd = sh_quote(workdir),
         max = o.max_bytes,
     );
+    let script = if o.attr_source {
+        script
+    } else {
+        script.replace(" GIT_ATTR_SOURCE=HEAD", "")
+    };
     if o.neutral_attributes {
         script
     } else {
-        script
-            .replace(" GIT_ATTR_SOURCE=HEAD", "")
-            .replace(" -c core.attributesFile=/dev/null", "")
+        script.replace(" -c core.attributesFile=/dev/null", "")
     }
 }
 
@@ -418,7 +423,9 @@ impl Trial {
         };
         let options = ExtractOptions {
             no_bytecode: self.defended(Defence::Bytecode),
-            neutral_attributes: self.defended(Defence::GitAttributes),
+            neutral_attributes: self.defended(Defence::GitAttributes)
+                && self.defended(Defence::AttributesOverride),
+            attr_source: self.defended(Defence::GitAttributes),
             skip_nested: self.defended(Defence::NestedRepo),
             max_bytes: if self.defended(Defence::DiffCap) {
                 self.limits.diff_bytes
@@ -532,6 +539,7 @@ mod tests {
         let o = ExtractOptions {
             no_bytecode: true,
             neutral_attributes: true,
+            attr_source: true,
             skip_nested: true,
             max_bytes: 10,
         };

@@ -1,0 +1,312 @@
+//! The grader's result channel: test outcomes that code under test cannot rewrite after the fact.
+//!
+//! The grader installs [`PLUGIN_PY`] (module [`PLUGIN_MODULE`]) as root in the evaluation
+//! container's site-packages (root-owned, read-only to the test user) and loads it with `-p`, so it
+//! loads with plugin autoload off too. As each test phase finishes, its `pytest_runtest_logreport`
+//! writes one JSON line (`["report", nodeid, when, outcome, xfail]`) to an inherited file
+//! descriptor: the write end of a FIFO whose reader is a root process copying it to a root-only
+//! file. Code under test can append to that stream, but never remove or rewrite a line already
+//! written; junit.xml, the log and the exit code, which the test user owns, can be rewritten (an
+//! `atexit` hook and `os._exit(0)`), so they no longer decide the reward:
+//!
+//! - the statuses come from the stream, the FIRST outcome of each (test, phase);
+//! - a (test, phase) recorded twice with different outcomes, or a graded test on which junit.xml
+//!   and the stream disagree (one says it passed, the other does not), is tampering: reward 0,
+//!   event [`RESULT_TAMPERING`], reason `grader_tampering`.
+//!
+//! Not closed (see the threat model in man/lego-rl-formats.md): code that runs inside pytest before
+//! a test reports (a conftest the grader leaves alone, the module under test at import) can patch
+//! the report objects in memory, or this plugin itself; the stream then records what pytest was
+//! told.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::pytest::{ERROR, FAILED, PASSED, SKIPPED, XFAIL};
+use crate::records::AuditEvent;
+
+/// The plugin's module name (one of the names a diff may not shadow, see
+/// [`super::integrity::RUNNER_MODULES`]).
+pub const PLUGIN_MODULE: &str = "_lego_rl_results";
+
+/// The environment variable naming the stream's file descriptor.
+pub const FD_ENV: &str = "LEGO_RL_RESULTS_FD";
+
+/// The environment variable that turns a run of the plugin into the import-path probe: it writes
+/// `LEGO_SYSPATH <dir>` lines (each `sys.path` entry under the working directory, relative to it;
+/// `""` is the directory itself) to the file it names and exits before collection.
+pub const SYSPATH_ENV: &str = "LEGO_RL_SYSPATH";
+
+/// The probe's directories.
+pub fn syspath_dirs(out: &str) -> BTreeSet<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("LEGO_SYSPATH "))
+        .map(|d| d.trim_end_matches('/').to_string())
+        .collect()
+}
+
+/// The audit event of a result stream that contradicts itself or junit.xml.
+pub const RESULT_TAMPERING: &str = "result_tampering";
+
+/// The plugin. It writes nothing in xdist workers (their reports reach the controller's hook) nor
+/// when the descriptor is not a FIFO (a child process that inherited another file as that number).
+pub const PLUGIN_PY: &str = r#"import json, os, stat
+import pytest
+
+_FD = None
+if not os.environ.get('PYTEST_XDIST_WORKER'):
+    try:
+        _fd = int(os.environ.get('LEGO_RL_RESULTS_FD', ''))
+        if stat.S_ISFIFO(os.fstat(_fd).st_mode):
+            _FD = _fd
+    except (ValueError, OSError):
+        pass
+
+
+def _put(*fields):
+    if _FD is None:
+        return
+    try:
+        os.write(_FD, (json.dumps(fields) + '\n').encode('utf-8', 'replace'))
+    except OSError:
+        pass
+
+
+def pytest_configure(config):
+    # The import-path probe (run at the base commit, before the diff): the real sys.path, ini
+    # `pythonpath` included, as directories under the working directory; then out, before any
+    # test is collected.
+    out = os.environ.get('LEGO_RL_SYSPATH')
+    if out:
+        import sys
+        here = os.path.realpath(os.getcwd())
+        rel = [os.path.relpath(os.path.realpath(p or '.'), here) for p in sys.path]
+        with open(out, 'w') as f:
+            for r in rel:
+                if r == '.' or not (r == '..' or r.startswith('../')):
+                    f.write('LEGO_SYSPATH ' + ('' if r == '.' else r) + '\n')
+        os._exit(0)
+
+
+def pytest_sessionstart(session):
+    _put('start')
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report):
+    when = report.when
+    if 'SubTest' in type(report).__name__:
+        when = 'subtest'
+    _put('report', report.nodeid, when, report.outcome, bool(getattr(report, 'wasxfail', None) is not None))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _put('finish', int(exitstatus))
+"#;
+
+/// What the stream says.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stream {
+    /// The plugin ran (its session started).
+    pub started: bool,
+    /// pytest's exit status, when the session finished.
+    pub exit_status: Option<i64>,
+    /// Node id → status, from the first outcome of each phase.
+    pub statuses: BTreeMap<String, String>,
+    /// Tests with a phase recorded twice with different outcomes.
+    pub conflicts: BTreeSet<String>,
+}
+
+/// Parses the stream (lines that are not the plugin's JSON are ignored: they can only have been
+/// appended by code under test, and a conflict with the real line is caught as such).
+pub fn parse(text: &str) -> Stream {
+    let mut s = Stream::default();
+    // (node id, phase) → (outcome, xfail), first one wins.
+    let mut phases: BTreeMap<(String, String), (String, bool)> = BTreeMap::new();
+    let mut subtest_failed: BTreeSet<String> = BTreeSet::new();
+    for line in text.lines() {
+        let Ok(serde_json::Value::Array(f)) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        match f.first().and_then(|v| v.as_str()) {
+            Some("start") => s.started = true,
+            Some("finish") => {
+                s.exit_status = s.exit_status.or(f.get(1).and_then(|v| v.as_i64()));
+            }
+            Some("report") => {
+                let field = |i: usize| f.get(i).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+                let (id, when, outcome) = (field(1), field(2), field(3));
+                let xfail = f.get(4).and_then(|v| v.as_bool()).unwrap_or(false);
+                // pytest-rerunfailures reports a failed try as `rerun`; the last try decides.
+                if id.is_empty() || outcome == "rerun" {
+                    continue;
+                }
+                if when == "subtest" {
+                    if outcome == "failed" {
+                        subtest_failed.insert(id);
+                    }
+                    continue;
+                }
+                match phases.get(&(id.clone(), when.clone())) {
+                    Some((o, _)) if *o != outcome => {
+                        s.conflicts.insert(id);
+                    }
+                    Some(_) => {}
+                    None => {
+                        phases.insert((id, when), (outcome, xfail));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let ids: BTreeSet<&String> = phases.keys().map(|(id, _)| id).collect();
+    for id in ids {
+        let get = |w: &str| phases.get(&(id.clone(), w.to_string()));
+        let skipped = |xfail: bool| if xfail { XFAIL } else { SKIPPED };
+        let status = match (get("setup"), get("call"), get("teardown")) {
+            (Some((o, _)), _, _) if o == "failed" => Some(ERROR),
+            (Some((o, x)), _, _) if o == "skipped" => Some(skipped(*x)),
+            (_, Some((o, _)), _) if o == "failed" => Some(FAILED),
+            (_, Some((o, x)), _) if o == "skipped" => Some(skipped(*x)),
+            (_, _, Some((o, _))) if o == "failed" => Some(ERROR),
+            (_, Some((o, _)), _) if o == "passed" => Some(PASSED),
+            _ => None,
+        };
+        if let Some(mut status) = status {
+            if status == PASSED && subtest_failed.contains(id) {
+                status = FAILED;
+            }
+            s.statuses.insert(id.clone(), status.to_string());
+        }
+    }
+    s
+}
+
+/// Passed, skipped (or xfailed), or neither: the classes junit.xml and the stream must agree on.
+fn class(status: Option<&String>) -> u8 {
+    match status.map(String::as_str) {
+        Some(PASSED) => 2,
+        Some(SKIPPED) | Some(XFAIL) => 1,
+        _ => 0,
+    }
+}
+
+/// The [`RESULT_TAMPERING`] event, if the stream contradicts itself or, on one of the `graded`
+/// tests, junit.xml's statuses (`None`: no junit.xml; a graded test junit.xml does not list is
+/// not compared, its node id may be mapped differently).
+pub fn tampering(
+    stream: &Stream,
+    junit: Option<&BTreeMap<String, String>>,
+    graded: &[String],
+) -> Option<AuditEvent> {
+    let mut what: Vec<String> = stream
+        .conflicts
+        .iter()
+        .take(5)
+        .map(|id| format!("{id} recorded twice with different outcomes"))
+        .collect();
+    if let Some(junit) = junit {
+        for id in graded {
+            let j = junit.get(id);
+            if j.is_some() && class(j) != class(stream.statuses.get(id)) {
+                what.push(format!(
+                    "{id}: junit.xml says {}, the grader's stream {}",
+                    j.map_or("nothing", String::as_str),
+                    stream.statuses.get(id).map_or("nothing", String::as_str)
+                ));
+            }
+        }
+    }
+    if what.is_empty() {
+        return None;
+    }
+    let n = what.len();
+    what.truncate(5);
+    Some(AuditEvent {
+        kind: RESULT_TAMPERING.into(),
+        detail: format!(
+            "test results rewritten after the fact: {}{} (reward 0, grader_tampering)",
+            what.join("; "),
+            if n > what.len() { "; ..." } else { "" }
+        ),
+        generation: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(xs: &[&str]) -> Vec<String> {
+        xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_first_outcome_of_each_phase_decides() {
+        let text = r#"["start"]
+["report", "t.py::a", "setup", "passed", false]
+["report", "t.py::a", "call", "passed", false]
+["report", "t.py::a", "teardown", "passed", false]
+["report", "t.py::b", "setup", "passed", false]
+["report", "t.py::b", "call", "failed", false]
+["report", "t.py::c", "setup", "skipped", true]
+["report", "t.py::d", "setup", "failed", false]
+["report", "t.py::e", "call", "rerun", false]
+["report", "t.py::e", "call", "passed", false]
+["report", "t.py::f", "call", "passed", false]
+["report", "t.py::f", "subtest", "failed", false]
+not json
+["finish", 1]
+"#;
+        let s = parse(text);
+        assert!(s.started);
+        assert_eq!(s.exit_status, Some(1));
+        let want: BTreeMap<String, String> = [
+            ("t.py::a", PASSED),
+            ("t.py::b", FAILED),
+            ("t.py::c", XFAIL),
+            ("t.py::d", ERROR),
+            ("t.py::e", PASSED),
+            ("t.py::f", FAILED),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(s.statuses, want);
+        assert!(s.conflicts.is_empty());
+        assert!(tampering(&s, Some(&want), &v(&["t.py::a", "t.py::b"])).is_none());
+        assert!(!parse("").started);
+    }
+
+    #[test]
+    fn the_probe_names_directories_under_the_workdir() {
+        let got = syspath_dirs("pytest11 x\nLEGO_SYSPATH \nLEGO_SYSPATH lib/\nLEGO_SYSPATH src\nos\n");
+        assert_eq!(got, BTreeSet::from([String::new(), "lib".into(), "src".into()]));
+    }
+
+    #[test]
+    fn forged_lines_and_rewritten_junit_are_tampering() {
+        // A pass appended before the real failure: the first line wins, the conflict is caught.
+        let forged = "[\"start\"]\n[\"report\", \"t.py::b\", \"call\", \"passed\", false]\n\
+                      [\"report\", \"t.py::b\", \"call\", \"failed\", false]\n";
+        let s = parse(forged);
+        assert_eq!(s.statuses["t.py::b"], PASSED);
+        let ev = tampering(&s, None, &[]).expect("conflict");
+        assert_eq!(ev.kind, RESULT_TAMPERING);
+        assert!(ev.detail.contains("t.py::b recorded twice"), "{}", ev.detail);
+        // junit.xml rewritten to a pass the stream never saw; a test junit.xml does not list is
+        // left alone.
+        let s = parse("[\"start\"]\n[\"report\", \"t.py::b\", \"call\", \"failed\", false]\n");
+        let junit: BTreeMap<String, String> = [("t.py::b".to_string(), PASSED.to_string())].into();
+        let ev = tampering(&s, Some(&junit), &v(&["t.py::b", "t.py::z"])).expect("disagreement");
+        assert!(
+            ev.detail
+                .contains("junit.xml says PASSED, the grader's stream FAILED"),
+            "{}",
+            ev.detail
+        );
+        let none = parse("");
+        assert!(tampering(&none, Some(&junit), &v(&["t.py::b"])).is_some());
+        assert!(tampering(&none, Some(&BTreeMap::new()), &v(&["t.py::b"])).is_none());
+    }
+}
