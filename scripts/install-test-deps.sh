@@ -1,8 +1,31 @@
 #!/usr/bin/env bash
-# Installs what the report tests need beyond scripts/setup.sh: headless Chromium (Debian package
-# `chromium`), used by tests/it/report.rs to open the generated HTML. Idempotent; needs root or
-# passwordless sudo (never prompts).
+# Installs what the tests need beyond scripts/setup.sh:
+# - headless Chromium (Debian package `chromium`), used by tests/it/report.rs to open the generated
+#   HTML; needs root or passwordless sudo (never prompts);
+# - a git older than 2.42 (Debian bookworm's 2.39 package, unpacked, not installed) under
+#   ~/.cache/lego-rl/old-git: the adversarial suite grades a `.gitattributes` trick on it, since
+#   SWE-bench images ship git 2.34, which ignores GIT_ATTR_SOURCE (tests/it/adversarial.rs).
+# Idempotent.
 set -euo pipefail
+
+old_git() {
+    local dir="${XDG_CACHE_HOME:-$HOME/.cache}/lego-rl/old-git"
+    if [ -x "$dir/x/usr/bin/git" ]; then
+        return
+    fi
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+    # bookworm's git is 2.39; the pin keeps a newer host release from passing it off as old.
+    local get="apt-get download -q -o APT::Sandbox::User=root git=1:2.39.*"
+    # A fresh machine may have no package lists yet.
+    if ! (cd "$dir.tmp" && $get >/dev/null 2>&1); then
+        if [ "$(id -u)" -eq 0 ]; then apt-get update -qq; else sudo -n apt-get update -qq; fi
+        (cd "$dir.tmp" && $get >/dev/null)
+    fi
+    (cd "$dir.tmp" && dpkg-deb -x git_*.deb x)
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+    echo "install-test-deps: $("$dir/x/usr/bin/git" --version 2>/dev/null || echo '(unpacked)') in $dir"
+}
+old_git
 
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
     echo "chromium already installed: $(command -v chromium || command -v chromium-browser)"

@@ -230,7 +230,8 @@ mod tests {
         reload_answer(url, &fixture("sglang-update-weights-from-disk.json")).unwrap();
         let err = reload_answer(url, &fixture("sglang-update-weights-from-disk-failure.json")).unwrap_err();
         assert!(
-            err.to_string().contains("reload failed: Failed to get weights iterator"),
+            err.to_string()
+                .contains("reload failed: Failed to get weights iterator"),
             "{err}"
         );
         // An answer without `success` (not SGLang's endpoint) never counts as a reload.

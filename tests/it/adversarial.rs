@@ -72,29 +72,28 @@ async fn run_case(engine: &Engine, t: &Task, run: &str, c: &Case, unguarded: boo
 
 /// `image` with git 2.39 in place of the base image's 2.47 (agent, extraction and grading all run
 /// it): the git of SWE-bench's images (2.34) and every git before 2.42 ignores `GIT_ATTR_SOURCE`.
-/// The binary comes from Debian bookworm's package through the host's apt (`apt-get download`,
-/// cached under the target directory); `None` (the case is skipped, loudly) where apt offers no
-/// git older than 2.42.
-pub(crate) fn old_git_image(image: &str) -> Option<String> {
-    let git = old_git()?;
-    let dir = git.parent()?.parent()?.parent()?.parent()?.to_path_buf();
+/// The binary is Debian bookworm's, unpacked by scripts/install-test-deps.sh.
+pub(crate) fn old_git_image(image: &str) -> String {
+    let git = old_git();
+    let dir = git.ancestors().nth(4).expect("CTX/x/usr/bin/git").to_path_buf();
     std::fs::write(
         dir.join("Dockerfile"),
         format!("FROM {image}\nCOPY x/usr/bin/git /usr/bin/git\n"),
     )
-    .ok()?;
-    let (name, tag) = image.rsplit_once(':')?;
+    .expect("Dockerfile");
+    let (name, tag) = image.rsplit_once(':').expect("a tagged image");
     let out = format!("{name}-git-2.39:{tag}");
-    let ok = Command::new("docker")
+    let built = Command::new("docker")
         .args(["build", "-q", "-t", &out])
         .arg(&dir)
         .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIPPED git < 2.42 case: docker build of {out} failed");
-        return None;
-    }
-    Some(out)
+        .expect("docker build runs");
+    assert!(
+        built.status.success(),
+        "docker build {out}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
 }
 
 /// `image` with `ENV PYTHONPATH=<workdir>/lib_env`: a task image that puts a repository directory
@@ -120,41 +119,23 @@ fn env_pythonpath_image(image: &str, workdir: &str) -> String {
     out
 }
 
-/// git 2.39's binary (see [`old_git_image`]).
-fn old_git() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("old-git");
-    let git = dir.join("x/usr/bin/git");
-    if git.exists() {
-        return Some(git);
-    }
-    let candidate = Command::new("apt-cache").args(["policy", "git"]).output().ok()?;
-    let text = String::from_utf8_lossy(&candidate.stdout).to_string();
-    let version = text.lines().find_map(|l| l.trim().strip_prefix("Candidate: "))?;
-    // `1:2.39.5-0+deb12u3`: the minor version after `2.`.
-    let minor: u32 = version
-        .rsplit(':')
-        .next()?
-        .strip_prefix("2.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()?;
-    if minor >= 42 {
-        eprintln!("SKIPPED git < 2.42 case: apt's git is {version}");
-        return None;
-    }
-    std::fs::create_dir_all(&dir).ok()?;
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg("apt-get download git >/dev/null 2>&1 && dpkg-deb -x git_*.deb x")
-        .current_dir(&dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok || !git.exists() {
-        eprintln!("SKIPPED git < 2.42 case: apt-get download git failed");
-        return None;
-    }
-    Some(git)
+/// git 2.39's binary (see [`old_git_image`]), copied into a build context of its own from where
+/// scripts/install-test-deps.sh unpacked Debian bookworm's package.
+fn old_git() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
+    let git = cache.join("lego-rl/old-git/x/usr/bin/git");
+    assert!(
+        git.exists(),
+        "no {}: run scripts/install-test-deps.sh (scripts/test.sh does)",
+        git.display()
+    );
+    let ctx = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("old-git");
+    let _ = std::fs::remove_dir_all(&ctx);
+    std::fs::create_dir_all(ctx.join("x/usr/bin")).expect("build context");
+    std::fs::copy(&git, ctx.join("x/usr/bin/git")).expect("copy git");
+    ctx.join("x/usr/bin/git")
 }
 
 /// The unguarded run of a trick must score what its author is after.
@@ -305,14 +286,14 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
     let all: Vec<Case> = cases(&swe, &harbor)
         .into_iter()
         .filter(|c| only.is_empty() || only.split(',').any(|o| o == c.name))
-        .filter_map(|mut c| {
+        .map(|mut c| {
             if c.name.ends_with("-on-git-2.39") {
-                c.image = Some(git.clone()?);
+                c.image = Some(git.clone());
             }
             if c.name.ends_with("-images-env-pythonpath") {
                 c.image = Some(env_image.clone());
             }
-            Some(c)
+            c
         })
         .collect();
     // Every case guarded, and every trick once more unguarded.
