@@ -132,6 +132,9 @@ fn key(task: &str, group: u64) -> (String, u64) {
     (task.to_string(), group)
 }
 
+/// N = 2 informative groups: a run whose one extra group is spent before N is reached, a rerun with
+/// a larger budget SIGKILLed while its extra group runs, and the rerun after it, which ends at
+/// exactly N without running any group twice; then align skips the uninformative groups.
 #[test]
 fn dynamic_sampling_refills_to_exactly_n_within_the_budget_and_align_skips_zero_variance_groups() {
     if !docker_available() {
@@ -191,7 +194,34 @@ fn dynamic_sampling_refills_to_exactly_n_within_the_budget_and_align_skips_zero_
     );
 
     // A rerun with a larger budget resumes: extra 0 is spent, extra 1 (MIXED, group 1) makes the
-    // second informative group, and nothing more starts.
+    // second informative group, and nothing more starts. It is first SIGKILLed while extra 1 runs
+    // (its sandboxes up): nothing it started is written, and the next rerun runs extra 1 once.
+    let budget = dynamic("4");
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
+        .args(args(
+            &p,
+            &tasks,
+            &out,
+            &budget.iter().map(String::as_str).collect::<Vec<_>>(),
+        ))
+        .env("LEGO_RL_NO_PROGRESS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while leftovers(&run_id).is_empty() {
+        assert!(Instant::now() < deadline, "extra group 1 never started");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rollout ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert_eq!(read(&out), first, "the killed run wrote nothing");
     let stderr = run("4");
     let all = read(&out);
     assert_eq!(&all[..8], &first[..], "the first run's records are untouched");
@@ -211,7 +241,11 @@ fn dynamic_sampling_refills_to_exactly_n_within_the_budget_and_align_skips_zero_
         stderr.contains("dynamic sampling: 2 of 5 groups informative (wanted 2), 2 of 4 extra groups spent, pool of 3 tasks\n"),
         "{stderr}"
     );
-    assert_eq!(leftovers(&run_id), "", "sandboxes left behind");
+    assert_eq!(
+        leftovers(&run_id),
+        "",
+        "the rerun removed the killed run's sandboxes"
+    );
 
     // align trains the informative groups only, and counts what it skipped.
     let samples = tmp.path().join("samples.jsonl.zst");
@@ -230,85 +264,6 @@ fn dynamic_sampling_refills_to_exactly_n_within_the_budget_and_align_skips_zero_
     let from: BTreeSet<&str> = s.iter().map(|s| s.trajectory_id.as_str()).collect();
     let want: BTreeSet<&str> = ["ds-mixed/0/0", "ds-mixed/0/1", "ds-mixed/1/0", "ds-mixed/1/1"].into();
     assert_eq!(from, want, "samples of the informative groups only");
-}
-
-/// SIGKILL while an extra group runs, then a rerun: the extra groups already written are kept and
-/// count, the killed one runs again once, and the batch still ends at N informative groups.
-#[test]
-fn sigkill_mid_oversampling_then_rerun_runs_no_group_twice_and_loses_none() {
-    if !docker_available() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let p = pool(tmp.path());
-    // One planned group (ALWAYS); extras from the pool: 0 ALWAYS/1, 1 MIXED/1, 2 NEVER/1, 3 ALWAYS/2.
-    let tasks = tasks_file(tmp.path(), "tasks.jsonl", &[ALWAYS]);
-    let pool_file = tasks_file(tmp.path(), "pool.jsonl", &[ALWAYS, MIXED, NEVER]);
-    let out = tmp.path().join("traj.jsonl.zst");
-    let extra = [
-        "--min-informative-groups",
-        "1",
-        "--max-extra-groups",
-        "5",
-        "--task-pool",
-        pool_file.to_str().unwrap(),
-        "-j",
-        "1",
-    ];
-    let a = args(&p, &tasks, &out, &extra);
-    let run_id = lego_rl::rollout::default_run_id(&out);
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
-        .args(&a)
-        .env("LEGO_RL_NO_PROGRESS", "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait for the planned group and extra 0 to be committed and a trial of extra 1 to run.
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        assert!(Instant::now() < deadline, "extra group 0 never completed");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "rollout ended before it was killed"
-        );
-        let committed =
-            out.exists() && read_all::<Trajectory>(&out, ReadOptions::default()).is_ok_and(|t| t.len() == 4);
-        if committed && !leftovers(&run_id).is_empty() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-    let before = read(&out);
-    let want: BTreeMap<_, _> = [
-        (key(ALWAYS, 0), (false, None)),
-        (key(ALWAYS, 1), (false, Some(0))),
-    ]
-    .into();
-    assert_eq!(marks(&before), want);
-    let o = lego().args(&a).output().unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "rerun: {stderr}");
-    let after = read(&out);
-    assert_eq!(&after[..4], &before[..], "the first run's records are untouched");
-    let mut want = want;
-    want.insert(key(MIXED, 1), (true, Some(1)));
-    assert_eq!(marks(&after), want, "extra 1 ran once, and nothing after it");
-    assert_eq!(after.len(), 6);
-    let unique: BTreeSet<_> = keys(&after).into_iter().collect();
-    assert_eq!(unique.len(), after.len(), "no trial twice");
-    assert!(
-        stderr.contains("dynamic sampling: 1 of 3 groups informative (wanted 1), 2 of 5 extra groups spent"),
-        "{stderr}"
-    );
-    assert_eq!(
-        leftovers(&run_id),
-        "",
-        "the rerun removed the killed run's sandboxes"
-    );
 }
 
 /// `scripts/loop.sh --min-informative-groups 1 --refilter 1` for 2 steps: each batch is refilled
