@@ -197,12 +197,14 @@ pub fn print_table(out: &mut impl Write, checks: &[FileCheck]) -> std::io::Resul
         for e in &c.errors {
             writeln!(out, "  {e}")?;
         }
-        if c.bad as usize > c.errors.len() {
+        // Under --strict the first bad record is the fatal error, printed below.
+        let listed = c.errors.len() + usize::from(c.fatal.is_some());
+        if c.bad as usize > listed {
             writeln!(
                 out,
                 "  {}: {} more bad record(s)",
                 c.path.display(),
-                c.bad as usize - c.errors.len()
+                c.bad as usize - listed
             )?;
         }
         if let Some(f) = &c.fatal {

@@ -194,6 +194,64 @@ fn strict_stops_build_images_and_rollout_at_a_bad_record_before_any_work() {
     assert_eq!(recs[0].task_id, "harbor__hello-world");
 }
 
+/// `--strict` in the three other subcommands that read records: align, validate (record check)
+/// and report stop at a bad record with exit 2, naming the file and record, and write nothing;
+/// without it align and report skip and count the record, and validate reports it as a failure.
+#[test]
+fn strict_stops_align_validate_and_report_at_a_bad_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("trajectories")).unwrap();
+    let bad = run.join("trajectories/step-000000.jsonl.zst");
+    let line = "{\"schema\":\"lego-rl/trajectory/v1\",\"id\":\"x\"}\n";
+    std::fs::write(&bad, zstd::encode_all(line.as_bytes(), 3).unwrap()).unwrap();
+    let named = |o: &std::process::Output| {
+        let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(
+            text.contains(&format!("{}: record 1: missing field `task_id`", bad.display())),
+            "the error names the file and record: {text}"
+        );
+        assert!(
+            !text.contains("more bad record"),
+            "the fatal record is not counted twice: {text}"
+        );
+    };
+    let samples = dir.path().join("samples.jsonl.zst");
+    let align = |strict: bool| {
+        let mut c = lego();
+        if strict {
+            c.arg("--strict");
+        }
+        c.args(["align", "-i"])
+            .arg(&bad)
+            .arg("-o")
+            .arg(&samples)
+            .output()
+            .unwrap()
+    };
+    let o = align(true);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    named(&o);
+    assert!(!samples.exists(), "align --strict wrote nothing");
+    let o = align(false);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(samples.exists(), "align without --strict skips the record");
+
+    let o = lego().args(["--strict", "validate"]).arg(&bad).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    named(&o);
+    let o = lego().arg("validate").arg(&bad).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "a bad record is a failure: {o:?}");
+
+    let o = lego().args(["--strict", "report"]).arg(&run).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    named(&o);
+    assert!(!run.join("report").exists(), "report --strict wrote nothing");
+    let o = lego().arg("report").arg(&run).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(run.join("report").is_dir());
+}
+
 #[test]
 fn plan_only_flags_need_plan() {
     for flag in [["--world-size", "8"], ["--format", "json"]] {
