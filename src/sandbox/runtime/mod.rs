@@ -45,7 +45,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bollard::models::VolumeCreateOptions;
-use bollard::Docker;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -170,7 +169,8 @@ pub async fn ensure_runtime(
         })?;
     let hash = runtime_hash(rt, &base_id);
     let name = volume_name(&harness.config.name, &hash);
-    let docker = Docker::connect_with_defaults().map_err(|source| SandboxError::Connect { source })?;
+    // The engine's own connection (`sandbox::client` is the one place that connects to Docker).
+    let docker = &engine.docker;
     let dir = cache_dir.join("runtimes");
     std::fs::create_dir_all(&dir).map_err(|source| SandboxError::ReadFile {
         path: dir.clone(),
@@ -186,7 +186,7 @@ pub async fn ensure_runtime(
         packages: m.packages,
     };
 
-    if volume_exists(&docker, &name).await? {
+    if volume_exists(docker, &name).await? {
         match read_marker(engine, &name, base_image, &hash).await? {
             Some(m) if m.hash == hash => return Ok(volume(true, m)),
             _ => {
@@ -195,7 +195,7 @@ pub async fn ensure_runtime(
                 // exists belongs to a builder that was killed; it pins the volume (409 on
                 // removal) until it is gone.
                 engine.sweep(Some(&format!("runtime-{hash}"))).await?;
-                remove_volume(&docker, &name).await?;
+                remove_volume(docker, &name).await?;
             }
         }
     }
@@ -240,7 +240,7 @@ pub async fn ensure_runtime(
             use std::io::Write as _;
             let _ = writeln!(log, "ERROR: {e}");
             // Never leave a half-built volume behind: the next call would find it.
-            let _ = remove_volume(&docker, &name).await;
+            let _ = remove_volume(docker, &name).await;
             Err(e)
         }
     }
