@@ -9,7 +9,7 @@
 //! cases stand for is in man/lego-rl-formats.md ("Reward integrity"). Fails loudly when Docker is
 //! missing and `CI` is set.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -81,19 +81,7 @@ pub(crate) fn old_git_image(image: &str) -> String {
         format!("FROM {image}\nCOPY x/usr/bin/git /usr/bin/git\n"),
     )
     .expect("Dockerfile");
-    let (name, tag) = image.rsplit_once(':').expect("a tagged image");
-    let out = format!("{name}-git-2.39:{tag}");
-    let built = Command::new("docker")
-        .args(["build", "-q", "-t", &out])
-        .arg(&dir)
-        .output()
-        .expect("docker build runs");
-    assert!(
-        built.status.success(),
-        "docker build {out}: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    out
+    derived_image(image, "git-2.39", &dir)
 }
 
 /// `image` with `ENV PYTHONPATH=<workdir>/lib_env`: a task image that puts a repository directory
@@ -104,11 +92,17 @@ fn env_pythonpath_image(image: &str, workdir: &str) -> String {
     std::fs::create_dir_all(&dir).expect("image context");
     let dockerfile = format!("FROM {image}\nENV PYTHONPATH={workdir}/lib_env\n");
     std::fs::write(dir.join("Dockerfile"), dockerfile).expect("Dockerfile");
+    derived_image(image, "env-pythonpath", &dir)
+}
+
+/// Builds the Dockerfile in `ctx` (a `FROM image` with one change) as `NAME-suffix:TAG` of
+/// `image`'s `NAME:TAG`, and returns that tag.
+fn derived_image(image: &str, suffix: &str, ctx: &Path) -> String {
     let (name, tag) = image.rsplit_once(':').expect("a tagged image");
-    let out = format!("{name}-env-pythonpath:{tag}");
+    let out = format!("{name}-{suffix}:{tag}");
     let built = Command::new("docker")
         .args(["build", "-q", "-t", &out])
-        .arg(&dir)
+        .arg(ctx)
         .output()
         .expect("docker build runs");
     assert!(

@@ -6,14 +6,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lego_rl::io::{read_all, ReadOptions};
 use lego_rl::records::{ImageRecord, Sample, Task, Trajectory};
 use serde_json::{json, Value};
 
 use crate::common::{docker_available, lego, root};
-use crate::rollout::{chat_dir, fixture, leftovers, read, TASK};
+use crate::rollout::{chat_dir, fixture, leftovers, read, wait_for_a_sandbox, TASK};
 
 const ALWAYS: &str = "ds-always";
 const MIXED: &str = "ds-mixed";
@@ -209,15 +209,12 @@ fn dynamic_sampling_refills_to_exactly_n_within_the_budget_and_align_skips_zero_
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while leftovers(&run_id).is_empty() {
-        assert!(Instant::now() < deadline, "extra group 1 never started");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "rollout ended before it was killed"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_a_sandbox(
+        &mut child,
+        &run_id,
+        Duration::from_secs(600),
+        "extra group 1 never started",
+    );
     std::thread::sleep(Duration::from_secs(2));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();

@@ -133,6 +133,25 @@ pub(crate) fn leftovers(run_id: &str) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
+/// Waits until run `run_id` has a sandbox, while `child` (its rollout) still runs: the moment a
+/// test interrupts or kills it. Panics with `never` after `limit`.
+pub(crate) fn wait_for_a_sandbox(
+    child: &mut std::process::Child,
+    run_id: &str,
+    limit: Duration,
+    never: &str,
+) {
+    let deadline = Instant::now() + limit;
+    while leftovers(run_id).is_empty() {
+        assert!(Instant::now() < deadline, "{never}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rollout ended before it had a sandbox"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The tool results the harness sent back (OpenAI `tool` messages) in a generation's request.
 fn tool_results(request: &Value) -> Vec<String> {
     request["messages"]
@@ -449,15 +468,12 @@ fn interrupt_mid_trial(stderr_gone: bool) {
         // Closing the pipe's read end: every later write to stderr fails (EPIPE).
         drop(child.stderr.take());
     }
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while leftovers(&run_id).is_empty() {
-        assert!(Instant::now() < deadline, "no sandbox was ever created");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "rollout ended before the interrupt"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_a_sandbox(
+        &mut child,
+        &run_id,
+        Duration::from_secs(300),
+        "no sandbox was ever created",
+    );
     std::thread::sleep(Duration::from_secs(1));
     let st = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
