@@ -6,19 +6,24 @@
 //! - [`batch`]: sample validation, trajectories, groups, micro-batching.
 //! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
+//! - [`groups`]: the parameter groups (which parameters, reduced over which ranks, with which
+//!   optimizer storage) that the update, saving, loading and memory figures loop over.
 //! - [`shard`], [`zero`]: the same step on many ranks (data parallel; ZeRO-1 optimizer state).
+//! - [`state`]: the optimizer state on disk (one layout, and the older ones it still reads).
 //! - [`plan`]: the memory one rank needs for a step, from `config.json` alone (`--plan`).
 //! - [`expert`]: expert parallelism (each rank holds some experts of every MoE layer).
 
 pub mod batch;
 pub mod correction;
 pub mod expert;
+pub mod groups;
 pub mod gspo;
 pub mod metrics;
 pub mod optim;
 pub mod plan;
 mod save;
 pub mod shard;
+pub mod state;
 pub mod trainer;
 mod update;
 pub mod zero;

@@ -1,7 +1,9 @@
 //! AdamW (decoupled weight decay, PyTorch's update order) with no decay on 1-d parameters (norm
-//! scales, biases), learning-rate warmup then constant or cosine decay, and its state saved beside
-//! a checkpoint (`optimizer.safetensors`: `exp_avg.<param>` and `exp_avg_sq.<param>` in fp32, plus
-//! the step counter in `trainer_state.json`) so the next `train-step` continues exactly.
+//! scales, biases), learning-rate warmup then constant or cosine decay. [`AdamW`] is the step
+//! counter (`trainer_state.json`); [`Moments`] is the full state of some parameters
+//! (`exp_avg.<param>`, `exp_avg_sq.<param>` and `master.<param>` in fp32), the storage of a
+//! parameter group that is not sharded ([`super::groups`]; where it goes on disk:
+//! [`super::state`]), so the next `train-step` continues exactly.
 //!
 //! Written by hand rather than with `tch::nn::Optimizer` because that type does not expose its
 //! moment buffers, and resuming bit-exactly needs them.
@@ -83,15 +85,12 @@ impl AdamWConfig {
     }
 }
 
-/// Moment buffers and step counter.
+/// The step counter and what every parameter group's update reads (the groups' moments live in
+/// their storage: [`Moments`], or [`super::zero::ZeroAdamW`] under ZeRO-1).
 #[derive(Debug, Default)]
 pub struct AdamW {
     /// Optimizer steps taken so far (over all invocations).
     pub steps: u64,
-    exp_avg: BTreeMap<String, Tensor>,
-    exp_avg_sq: BTreeMap<String, Tensor>,
-    /// fp32 master copies of the parameters narrower than fp32 (see the module header).
-    master: BTreeMap<String, Tensor>,
     /// The stored dtype of each parameter the checkpoint holds narrower than fp32 while the
     /// trainer computes it in fp32; set by the trainer before each step (not saved).
     pub(crate) stored: BTreeMap<String, Kind>,
@@ -99,6 +98,16 @@ pub struct AdamW {
     /// them), so a test can show what the masters change. Not reachable from the CLI.
     #[doc(hidden)]
     pub test_only_no_masters: bool,
+}
+
+/// Full (unsharded) AdamW state of some parameters: the moments and fp32 masters of each, by
+/// parameter name.
+#[derive(Debug, Default)]
+pub struct Moments {
+    exp_avg: BTreeMap<String, Tensor>,
+    exp_avg_sq: BTreeMap<String, Tensor>,
+    /// fp32 master copies of the parameters narrower than fp32 (see the module header).
+    master: BTreeMap<String, Tensor>,
 }
 
 /// One AdamW update of fp32 values `pf` with gradient `g`, moments `m`/`v` updated in place
@@ -130,96 +139,28 @@ struct TrainerState {
     optimizer_steps: u64,
 }
 
-const STATE_FILE: &str = "optimizer.safetensors";
 const COUNTER_FILE: &str = "trainer_state.json";
 
+/// One update's learning rate and bias corrections (1 − β₁ᵗ, 1 − β₂ᵗ), shared by every group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepScale {
+    pub lr: f64,
+    pub bc: (f64, f64),
+}
+
 impl AdamW {
-    /// Applies one update with the gradients currently stored on `params`; returns the lr used.
-    pub fn step(&mut self, cfg: &AdamWConfig, params: &[(String, Tensor)]) -> f64 {
-        let grads: Vec<Option<Tensor>> = params
-            .iter()
-            .map(|(_, p)| Some(p.grad()).filter(Tensor::defined))
-            .collect();
-        self.step_grads(cfg, params, &grads)
-    }
-
-    /// Applies one update with `grads[i]` for `params[i]` (`None`: the parameter got no gradient
-    /// and is left alone, moments included); returns the lr used.
-    pub fn step_grads(
-        &mut self,
-        cfg: &AdamWConfig,
-        params: &[(String, Tensor)],
-        grads: &[Option<Tensor>],
-    ) -> f64 {
-        self.step_grads_scaled(cfg, params, grads, None)
-    }
-
-    /// [`AdamW::step_grads`] with each gradient upcast to fp32 and then multiplied by `scale`
-    /// (the clipping factor) one tensor at a time: a bf16 gradient is clipped in fp32 without an
-    /// fp32 copy of every gradient alive at once.
-    pub fn step_grads_scaled(
-        &mut self,
-        cfg: &AdamWConfig,
-        params: &[(String, Tensor)],
-        grads: &[Option<Tensor>],
-        scale: Option<f64>,
-    ) -> f64 {
-        let (lr, bc) = self.advance(cfg);
-        let _guard = tch::no_grad_guard();
-        for ((name, p), g) in params.iter().zip(grads) {
-            let Some(g) = g else { continue };
-            let mut g = g.to_kind(Kind::Float);
-            if let Some(scale) = scale {
-                g *= scale;
-            }
-            let m = self.exp_avg.entry(name.clone()).or_insert_with(|| g.zeros_like());
-            let v = self
-                .exp_avg_sq
-                .entry(name.clone())
-                .or_insert_with(|| g.zeros_like());
-            let stored = self.stored.get(name).copied();
-            let narrow = (p.kind() != Kind::Float || stored.is_some()) && !self.test_only_no_masters;
-            let base = match self.master.get(name) {
-                Some(master) if narrow => master.shallow_clone(),
-                _ => p.to_kind(Kind::Float),
-            };
-            let new = adamw_update(base, &g, m, v, p.dim() > 1, lr, bc, cfg);
-            let mut p = p.shallow_clone();
-            match stored.filter(|_| narrow) {
-                Some(kind) => p.copy_(&new.to_kind(kind).to_kind(p.kind())),
-                None => p.copy_(&new.to_kind(p.kind())),
-            };
-            if narrow {
-                self.master.insert(name.clone(), new);
-            }
-        }
-        lr
-    }
-
-    /// Counts one optimizer step; returns its lr and bias corrections (1 − β₁ᵗ, 1 − β₂ᵗ).
-    pub(crate) fn advance(&mut self, cfg: &AdamWConfig) -> (f64, (f64, f64)) {
+    /// Counts one optimizer step; returns its lr and bias corrections.
+    pub(crate) fn advance(&mut self, cfg: &AdamWConfig) -> StepScale {
         let lr = cfg.lr_at(self.steps);
         self.steps += 1;
         let t = self.steps as i32;
-        (lr, (1.0 - cfg.beta1.powi(t), 1.0 - cfg.beta2.powi(t)))
+        StepScale {
+            lr,
+            bc: (1.0 - cfg.beta1.powi(t), 1.0 - cfg.beta2.powi(t)),
+        }
     }
 
-    /// The full moments of `name`, when it has any (ZeRO re-shards them).
-    pub(crate) fn moments(&self, name: &str) -> Option<(&Tensor, &Tensor)> {
-        Some((self.exp_avg.get(name)?, self.exp_avg_sq.get(name)?))
-    }
-
-    /// The fp32 master copy of `name`, when it has one (ZeRO re-shards it).
-    pub(crate) fn master(&self, name: &str) -> Option<&Tensor> {
-        self.master.get(name)
-    }
-
-    /// True when moments were loaded or accumulated.
-    pub(crate) fn has_moments(&self) -> bool {
-        !self.exp_avg.is_empty()
-    }
-
-    /// Writes only the step counter (the moments are sharded, see [`super::zero`]).
+    /// Writes the step counter into checkpoint directory `dir`.
     pub fn save_counter(&self, dir: &Path) -> Result<(), TrainError> {
         let path = dir.join(COUNTER_FILE);
         let state = TrainerState {
@@ -232,17 +173,108 @@ impl AdamW {
         })
     }
 
-    /// Bytes of the moments and master weights held.
-    pub fn state_bytes(&self) -> u64 {
-        self.exp_avg
-            .values()
-            .chain(self.exp_avg_sq.values())
-            .chain(self.master.values())
-            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
-            .sum()
+    /// Reads the step counter saved in `dir`; a checkpoint without one (e.g. a base model)
+    /// starts at 0.
+    pub fn load(dir: &Path) -> Result<Self, TrainError> {
+        let counter = dir.join(COUNTER_FILE);
+        if !counter.is_file() {
+            return Ok(AdamW::default());
+        }
+        let bad = |msg: String| TrainError::OptimizerState {
+            path: counter.clone(),
+            msg,
+        };
+        let text = std::fs::read_to_string(&counter).map_err(|e| bad(e.to_string()))?;
+        let state: TrainerState = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        Ok(AdamW {
+            steps: state.optimizer_steps,
+            ..AdamW::default()
+        })
     }
 
-    /// Bytes of the moments of the parameters `pick` selects.
+    /// Whether `name`'s update goes through an fp32 master (narrower than fp32, or stored so).
+    pub(crate) fn keeps_master(&self, name: &str, p: &Tensor) -> bool {
+        (p.kind() != Kind::Float || self.stored.contains_key(name)) && !self.test_only_no_masters
+    }
+}
+
+impl Moments {
+    /// One process's whole update: the gradients stored on `params`, one step counted on `opt`;
+    /// returns the lr used.
+    pub fn step(&mut self, opt: &mut AdamW, cfg: &AdamWConfig, params: &[(String, Tensor)]) -> f64 {
+        let grads: Vec<Option<Tensor>> = params
+            .iter()
+            .map(|(_, p)| Some(p.grad()).filter(Tensor::defined))
+            .collect();
+        self.step_grads(opt, cfg, params, &grads)
+    }
+
+    /// [`Moments::step`] with `grads[i]` for `params[i]` (`None`: the parameter got no gradient
+    /// and is left alone, moments included).
+    pub fn step_grads(
+        &mut self,
+        opt: &mut AdamW,
+        cfg: &AdamWConfig,
+        params: &[(String, Tensor)],
+        grads: &[Option<Tensor>],
+    ) -> f64 {
+        let at = opt.advance(cfg);
+        self.update(opt, cfg, params, grads, None, at);
+        at.lr
+    }
+
+    /// Applies one update with `grads[i]` for `params[i]`, each gradient upcast to fp32 and then
+    /// multiplied by `scale` (the clipping factor) one tensor at a time: a bf16 gradient is
+    /// clipped in fp32 without an fp32 copy of every gradient alive at once.
+    pub(crate) fn update(
+        &mut self,
+        opt: &AdamW,
+        cfg: &AdamWConfig,
+        params: &[(String, Tensor)],
+        grads: &[Option<Tensor>],
+        scale: Option<f64>,
+        at: StepScale,
+    ) {
+        let _guard = tch::no_grad_guard();
+        for ((name, p), g) in params.iter().zip(grads) {
+            let Some(g) = g else { continue };
+            let mut g = g.to_kind(Kind::Float);
+            if let Some(scale) = scale {
+                g *= scale;
+            }
+            let m = self.exp_avg.entry(name.clone()).or_insert_with(|| g.zeros_like());
+            let v = self
+                .exp_avg_sq
+                .entry(name.clone())
+                .or_insert_with(|| g.zeros_like());
+            let narrow = opt.keeps_master(name, p);
+            let base = match self.master.get(name) {
+                Some(master) if narrow => master.shallow_clone(),
+                _ => p.to_kind(Kind::Float),
+            };
+            let new = adamw_update(base, &g, m, v, p.dim() > 1, at.lr, at.bc, cfg);
+            let mut p = p.shallow_clone();
+            match opt.stored.get(name).filter(|_| narrow) {
+                Some(&kind) => p.copy_(&new.to_kind(kind).to_kind(p.kind())),
+                None => p.copy_(&new.to_kind(p.kind())),
+            };
+            if narrow {
+                self.master.insert(name.clone(), new);
+            }
+        }
+    }
+
+    /// The moments of `name`, when it has any (ZeRO re-shards them).
+    pub(crate) fn moments(&self, name: &str) -> Option<(&Tensor, &Tensor)> {
+        Some((self.exp_avg.get(name)?, self.exp_avg_sq.get(name)?))
+    }
+
+    /// The fp32 master copy of `name`, when it has one (ZeRO re-shards it).
+    pub(crate) fn master(&self, name: &str) -> Option<&Tensor> {
+        self.master.get(name)
+    }
+
+    /// Bytes of the moments and master weights of the parameters `pick` selects.
     pub fn state_bytes_where(&self, pick: impl Fn(&str) -> bool) -> u64 {
         self.exp_avg
             .iter()
@@ -253,28 +285,38 @@ impl AdamW {
             .sum()
     }
 
-    /// Drops the moments (after ZeRO took its chunks of them).
-    pub(crate) fn clear_moments(&mut self) {
-        self.exp_avg.clear();
-        self.exp_avg_sq.clear();
-        self.master.clear();
+    /// Refuses state whose shape is not its parameter's (read from `path`).
+    pub(crate) fn check_shapes(&self, params: &[(String, Tensor)], path: &Path) -> Result<(), TrainError> {
+        for (name, p) in params {
+            for (what, t) in [
+                ("exp_avg", self.exp_avg.get(name)),
+                ("exp_avg_sq", self.exp_avg_sq.get(name)),
+                ("master", self.master.get(name)),
+            ] {
+                if let Some(t) = t.filter(|t| t.size() != p.size()) {
+                    return Err(TrainError::OptimizerState {
+                        path: path.to_path_buf(),
+                        msg: format!(
+                            "`{what}.{name}` has shape {:?}, the parameter {:?} (another model?)",
+                            t.size(),
+                            p.size()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// Writes the state into checkpoint directory `dir`.
-    pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
-        self.write_moments(&dir.join(STATE_FILE), |_| true)?;
-        self.save_counter(dir)
-    }
-
-    /// The moments of the parameters `pick` selects, written to `path`.
-    fn write_moments(&self, path: &Path, pick: impl Fn(&str) -> bool) -> Result<(), TrainError> {
+    /// Writes the state to `path` (`exp_avg.<param>`, `exp_avg_sq.<param>`, `master.<param>`).
+    pub(crate) fn write(&self, path: &Path) -> Result<(), TrainError> {
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         for (prefix, map) in [
             ("exp_avg", &self.exp_avg),
             ("exp_avg_sq", &self.exp_avg_sq),
             ("master", &self.master),
         ] {
-            for (name, t) in map.iter().filter(|(n, _)| pick(n)) {
+            for (name, t) in map {
                 tensors.push((format!("{prefix}.{name}"), t.to_device(tch::Device::Cpu)));
             }
         }
@@ -284,84 +326,33 @@ impl AdamW {
         })
     }
 
-    /// Expert parallelism: the moments of the parameters `split` selects into `file` (this
-    /// rank's), and with `lead` the others into `optimizer.safetensors` plus the step counter.
-    pub fn save_filtered(
-        &self,
-        dir: &Path,
-        file: &Path,
-        lead: bool,
-        split: impl Fn(&str) -> bool,
+    /// Adds the state saved in `path` by [`Moments::write`], keeping of each tensor what `keep`
+    /// returns for (parameter name, tensor) (`None` drops it).
+    pub(crate) fn read(
+        &mut self,
+        path: &Path,
+        device: tch::Device,
+        keep: impl Fn(&str, Tensor) -> Option<Tensor>,
     ) -> Result<(), TrainError> {
-        self.write_moments(file, &split)?;
-        if lead {
-            self.write_moments(&dir.join(STATE_FILE), |n| !split(n))?;
-            self.save_counter(dir)?;
-        }
-        Ok(())
-    }
-
-    /// Keeps, for each parameter with moments, what `keep` returns for each of its moments
-    /// (`None` drops the parameter's moments).
-    pub(crate) fn retain_moments(&mut self, keep: impl Fn(&str, &Tensor) -> Option<Tensor>) {
-        for map in [&mut self.exp_avg, &mut self.exp_avg_sq, &mut self.master] {
-            let old = std::mem::take(map);
-            for (name, t) in old {
-                if let Some(t) = keep(&name, &t) {
-                    map.insert(name, t);
-                }
-            }
-        }
-    }
-
-    /// Adds the moments saved in `path` (another file of the same state).
-    pub(crate) fn load_more(&mut self, path: &Path, device: tch::Device) -> Result<(), TrainError> {
-        self.read_moments(path, device)
-    }
-
-    fn read_moments(&mut self, path: &Path, device: tch::Device) -> Result<(), TrainError> {
         let bad = |msg: String| TrainError::OptimizerState {
             path: path.to_path_buf(),
             msg,
         };
         for (name, t) in Tensor::read_safetensors(path).map_err(|e| bad(e.to_string()))? {
-            let t = t.to_device(device);
-            if let Some(p) = name.strip_prefix("exp_avg_sq.") {
-                self.exp_avg_sq.insert(p.to_string(), t);
+            let (map, param) = if let Some(p) = name.strip_prefix("exp_avg_sq.") {
+                (&mut self.exp_avg_sq, p)
             } else if let Some(p) = name.strip_prefix("exp_avg.") {
-                self.exp_avg.insert(p.to_string(), t);
+                (&mut self.exp_avg, p)
             } else if let Some(p) = name.strip_prefix("master.") {
-                self.master.insert(p.to_string(), t);
+                (&mut self.master, p)
             } else {
                 return Err(bad(format!("unexpected tensor `{name}`")));
+            };
+            if let Some(t) = keep(param, t) {
+                map.insert(param.to_string(), t.to_device(device));
             }
         }
         Ok(())
-    }
-
-    /// Reads the state saved in `dir`; a checkpoint without one (e.g. a base model) starts fresh.
-    pub fn load(dir: &Path, device: tch::Device) -> Result<Self, TrainError> {
-        let counter = dir.join(COUNTER_FILE);
-        if !counter.is_file() {
-            return Ok(AdamW::default());
-        }
-        let bad = |path: &Path, msg: String| TrainError::OptimizerState {
-            path: path.to_path_buf(),
-            msg,
-        };
-        let text = std::fs::read_to_string(&counter).map_err(|e| bad(&counter, e.to_string()))?;
-        let state: TrainerState = serde_json::from_str(&text).map_err(|e| bad(&counter, e.to_string()))?;
-        let path = dir.join(STATE_FILE);
-        let mut opt = AdamW {
-            steps: state.optimizer_steps,
-            ..AdamW::default()
-        };
-        if !path.exists() && super::zero::saved_layout(dir)?.is_some() {
-            // Moments sharded by --zero 1: the trainer loads this rank's chunks.
-            return Ok(opt);
-        }
-        opt.read_moments(&path, device)?;
-        Ok(opt)
     }
 }
 
@@ -399,14 +390,14 @@ mod tests {
         let p = Tensor::from_slice(&[1.0f32, -2.0])
             .reshape([1, 2])
             .set_requires_grad(true);
-        let mut opt = AdamW::default();
+        let (mut opt, mut state) = (AdamW::default(), Moments::default());
         for _ in 0..2 {
             let mut q = p.shallow_clone();
             q.zero_grad();
             (&p * Tensor::from_slice(&[0.5f32, 0.25]).reshape([1, 2]))
                 .sum(Kind::Float)
                 .backward();
-            opt.step(&cfg, &[("w".into(), p.shallow_clone())]);
+            state.step(&mut opt, &cfg, &[("w".into(), p.shallow_clone())]);
         }
         // Each Adam step with a constant gradient moves by lr·(m̂/(√v̂+eps)) ≈ lr; decay first.
         let mut want = [1.0f64, -2.0];
@@ -440,11 +431,17 @@ mod tests {
         };
         let p32 = init.copy();
         let p16 = init.to_kind(Kind::BFloat16);
-        let (mut o32, mut o16) = (AdamW::default(), AdamW::default());
+        let (mut c32, mut c16) = (AdamW::default(), AdamW::default());
+        let (mut o32, mut o16) = (Moments::default(), Moments::default());
         for _ in 0..50 {
-            o32.step_grads(&cfg, &[("w".into(), p32.shallow_clone())], &[Some(grad.copy())]);
+            o32.step_grads(
+                &mut c32,
+                &cfg,
+                &[("w".into(), p32.shallow_clone())],
+                &[Some(grad.copy())],
+            );
             let g16 = grad.to_kind(Kind::BFloat16);
-            o16.step_grads(&cfg, &[("w".into(), p16.shallow_clone())], &[Some(g16)]);
+            o16.step_grads(&mut c16, &cfg, &[("w".into(), p16.shallow_clone())], &[Some(g16)]);
         }
         let want = p32.to_kind(Kind::BFloat16);
         assert!(

@@ -1,31 +1,31 @@
 //! A trainer's checkpoint on disk: loading it, and writing the next one atomically — from one
 //! process or from every rank of a world (rank 0 writes the model, `lego-rl.json` and the step
-//! counter; under ZeRO each rank adds its `optimizer/rank-RRRRR.safetensors`, and under expert
-//! parallelism its experts' shard in `optimizer/experts-RRRRR-of-EEEEE/`).
+//! counter; under expert parallelism the first expert-parallel group writes the model's shards;
+//! every rank writes its part of the optimizer state, [`super::state`]).
 
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind};
 
+use super::groups::Comms;
 use super::optim::AdamW;
+use super::state::SavedState;
 use super::trainer::{CheckpointInfo, Trainer, INFO_FILE};
-use super::{zero, TrainError};
+use super::TrainError;
 use crate::c10d::ProcessGroup;
 use crate::model::Model;
 
 impl Trainer {
     /// Loads a checkpoint and, when present, its optimizer state and `lego-rl.json`.
     pub fn load(dir: &Path, device: Device, kind: Option<Kind>) -> Result<Self, TrainError> {
-        let mut t = Self::load_model(Model::load(dir, device, kind)?, dir, device)?;
-        // Expert moments saved under expert parallelism only resume at that size.
-        super::expert::load_expert_moments(&mut t.opt, dir, device, 0, 1)?;
-        Ok(t)
+        Self::load_model(Model::load(dir, device, kind)?, dir)
     }
 
-    /// A trainer around `model` (loaded from `dir`) with the optimizer state and `lego-rl.json`
-    /// found there.
-    pub(super) fn load_model(model: Model, dir: &Path, device: Device) -> Result<Self, TrainError> {
-        let opt = AdamW::load(dir, device)?;
+    /// A trainer around `model` (loaded from `dir`) with the step counter, `lego-rl.json` and a
+    /// description of the optimizer state found there (restored into the parameter groups at
+    /// the first step, when the run's layout is known).
+    pub(super) fn load_model(model: Model, dir: &Path) -> Result<Self, TrainError> {
+        let opt = AdamW::load(dir)?;
         let info_path = dir.join(INFO_FILE);
         let info = if info_path.is_file() {
             let text = std::fs::read_to_string(&info_path).map_err(|e| TrainError::OptimizerState {
@@ -40,7 +40,7 @@ impl Trainer {
             CheckpointInfo::default()
         };
         Ok(Trainer {
-            zero_saved: zero::saved_layout(dir)?,
+            saved: SavedState::read(dir)?,
             source: Some(dir.to_path_buf()),
             ..Trainer {
                 info,
@@ -50,24 +50,39 @@ impl Trainer {
         })
     }
 
-    /// Writes the checkpoint, optimizer state and `lego-rl.json` into existing directory `dir`
-    /// (under ZeRO: the step counter only; see [`Trainer::save_atomic_on`]).
+    /// Writes the checkpoint, optimizer state and `lego-rl.json` of one process into existing
+    /// directory `dir` (many ranks: [`Trainer::save_atomic_on`]).
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        let single = ProcessGroup::single().with_device(self.model.device());
         if self.model.needs_sharded_save(self.expert_layout) {
-            self.model.save_sharded(
-                dir,
-                &ProcessGroup::single().with_device(self.model.device()),
-                self.expert_layout,
-            )?;
+            self.model.save_sharded(dir, &single, self.expert_layout)?;
         } else {
             self.model.save(dir)?;
         }
-        if self.zero.is_some() {
-            self.opt.save_counter(dir)?;
-        } else {
-            self.opt.save(dir)?;
-        }
+        self.save_state(dir, &single)?;
+        self.opt.save_counter(dir)?;
         self.save_info(dir)
+    }
+
+    /// This rank's part of the optimizer state. A trainer that never took a step has no groups
+    /// yet: it has nothing of its own to write, and refuses rather than drop the state it loaded.
+    fn save_state(&self, dir: &Path, pg: &ProcessGroup) -> Result<(), TrainError> {
+        if self.groups.is_empty() {
+            if self.saved.is_empty() {
+                return Ok(());
+            }
+            return Err(TrainError::Output {
+                path: dir.to_path_buf(),
+                msg: "the loaded optimizer state is restored at the first step; take one before saving"
+                    .into(),
+            });
+        }
+        let comms = Comms {
+            world: pg,
+            expert: self.expert.as_ref().map(|e| (&*e.comm.group, &e.expert_dp)),
+        };
+        let ep = self.expert_rank().map_or(1, |e| e.1);
+        super::state::save(dir, &self.groups, &comms, ep)
     }
 
     fn save_info(&self, dir: &Path) -> Result<(), TrainError> {
@@ -85,8 +100,8 @@ impl Trainer {
     }
 
     /// Every rank calls this. The checkpoint is written into a staging directory beside `out`
-    /// (rank 0: model, counter, `lego-rl.json`; every rank: its ZeRO shard; under expert
-    /// parallelism, each rank of the first group its model shard and expert moments), then rank 0 renames
+    /// (rank 0: model, counter, `lego-rl.json`; every rank: its part of the optimizer state; under
+    /// expert parallelism, each rank of the first group its model shard), then rank 0 renames
     /// it to `out` once all ranks have written: a failure anywhere leaves nothing under `out`.
     /// `out` must not exist or be an empty directory; it and the staging directory must be on a
     /// file system every rank sees.
@@ -117,24 +132,25 @@ impl Trainer {
                     .map_err(|e| fail(format!("cannot create {}: {e}", tmp.display())))?;
             }
             pg.barrier("creating the checkpoint's staging directory")?;
-            if let Some(z) = &self.zero {
-                z.save(&tmp, pg.rank())?;
-            }
-            self.save_expert_zero(&tmp)?;
+            self.save_state(&tmp, pg)?;
             match &self.expert {
                 // Expert parallelism: the ranks of the first expert-parallel group write the
-                // model's shards and their experts' moments (the other groups hold copies).
+                // model's shards (the other groups hold copies).
                 Some(ep) if ep.expert_dp.rank() == 0 => {
                     self.model
                         .save_sharded(&tmp, &ep.comm.group, self.expert_layout)?;
-                    self.save_expert_optimizer(&tmp, lead)?;
-                    if lead {
-                        self.save_info(&tmp)?;
-                    }
                 }
                 Some(_) => {}
-                None if lead => self.save(&tmp)?,
+                None if lead && self.model.needs_sharded_save(self.expert_layout) => {
+                    let single = ProcessGroup::single().with_device(self.model.device());
+                    self.model.save_sharded(&tmp, &single, self.expert_layout)?;
+                }
+                None if lead => self.model.save(&tmp)?,
                 None => {}
+            }
+            if lead {
+                self.opt.save_counter(&tmp)?;
+                self.save_info(&tmp)?;
             }
             pg.barrier("writing the checkpoint")?;
             if lead {

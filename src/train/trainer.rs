@@ -19,12 +19,13 @@ use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model, DEFAULT_LOGPROB_
 use crate::records::{Record, Sample, StepMetrics};
 
 use super::batch::{micro_batches, processing, Batch, Seq};
+use super::groups::ParamGroup;
 use super::gspo::{accumulate, coefficients, LossKind, TrajTerm};
 use super::metrics::{mean_std, median, pearson};
 use super::optim::{AdamW, AdamWConfig};
 use super::shard::{combine_per_seq, shard, sum_scalars};
+use super::state::SavedState;
 use super::update::trainable;
-use super::zero::{ZeroAdamW, ZeroLayout};
 use super::TrainError;
 use crate::c10d::ProcessGroup;
 
@@ -120,14 +121,16 @@ pub(super) const INFO_FILE: &str = "lego-rl.json";
 #[derive(Debug)]
 pub struct Trainer {
     pub model: Model,
-    /// The step counter, and the moments unless `zero` holds them.
+    /// The step counter (the parameter groups hold the moments and masters).
     pub opt: AdamW,
     pub info: CheckpointInfo,
     pub(super) source: Option<PathBuf>,
-    /// This rank's ZeRO-1 optimizer state (`Settings::zero`), laid out at the first step.
-    pub(super) zero: Option<ZeroAdamW>,
-    /// The ZeRO layout saved in the loaded checkpoint, when it has one.
-    pub(super) zero_saved: Option<ZeroLayout>,
+    /// The parameter groups with their optimizer state ([`super::groups`]), laid out at the
+    /// first step.
+    pub(super) groups: Vec<ParamGroup>,
+    /// The optimizer state the loaded checkpoint holds, restored into the groups when they are
+    /// laid out.
+    pub(super) saved: SavedState,
     /// Expert parallelism ([`super::expert`]), when this rank holds only some experts.
     pub expert: Option<super::expert::ExpertParallel>,
     /// The expert layout the checkpoint is saved in.
@@ -180,8 +183,8 @@ impl Trainer {
             opt: AdamW::default(),
             info: CheckpointInfo::default(),
             source: None,
-            zero: None,
-            zero_saved: None,
+            groups: Vec::new(),
+            saved: SavedState::default(),
             expert: None,
             expert_layout: ExpertLayout::Keep,
         }
@@ -285,11 +288,13 @@ impl Trainer {
         // (Σ entropy, count) of the sampled positions.
         let mut entropy = (0.0, 0.0);
         let mut overlap = (0, 0);
-        let mbs = micro_batches(&batch.seqs, idx, budget);
-        let (n_mbs, rounds) = (mbs.len(), self.expert_rounds(mbs.len())?);
-        for mb in mbs {
+        for round in self.rounds(micro_batches(&batch.seqs, idx, budget))? {
+            let Some(mb) = round else {
+                self.idle_round(false, s)?;
+                continue;
+            };
             let out = self.forward(batch, &mb, extras, s);
-            self.check_expert()?;
+            self.check_exchanges()?;
             let lp = Vec::<f64>::try_from(out.lp.to_kind(Kind::Double)).expect("invariant: 1-d f64");
             if let Some(e) = out.entropy {
                 let e = Vec::<f64>::try_from(e.to_kind(Kind::Double)).expect("invariant: 1-d f64");
@@ -305,7 +310,6 @@ impl Trainer {
                 o += n;
             }
         }
-        self.expert_catch_up(n_mbs, rounds, false, s)?;
         Ok((per_seq, entropy, overlap))
     }
 
@@ -332,7 +336,7 @@ impl Trainer {
         // Before any forward pass: a bad --freeze pattern or optimizer state fails at once.
         let all_params = self.model.named_variables();
         let params = trainable(&all_params, s.freeze.as_deref())?;
-        self.prepare_optimizer(&params, s, pg)?;
+        self.prepare_optimizer(&all_params, &params, s, pg)?;
         let budget = s.micro_batch_tokens.max(1);
         let (world, rank) = (pg.world_size(), pg.rank());
         // Pass 1: π_old (with replayed routing unless `s.replay` is off), plus diagnostics, each rank on its shard.
@@ -427,20 +431,28 @@ impl Trainer {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
-            let mbs = micro_batches(&batch.seqs, &my_idx, budget);
-            let (n_mbs, rounds) = (mbs.len(), self.expert_rounds(mbs.len())?);
-            for mb in mbs {
-                let mut coef = Vec::new();
-                for &i in &mb {
-                    let seq = &batch.seqs[i];
-                    let c = obj.coef[seq.traj];
-                    coef.extend(is_weights[i].iter().map(|w| c * w));
-                }
-                if coef.iter().all(|&c| c == 0.0) {
-                    // Expert parallelism: the others' tokens still need this rank's experts.
-                    self.expert_idle(true, s)?;
+            // Micro-batches whose tokens all have coefficient 0 carry no gradient: skipped (under
+            // expert parallelism they become idle rounds, since the others' tokens may still
+            // need this rank's experts).
+            let work: Vec<(Vec<usize>, Vec<f64>)> = micro_batches(&batch.seqs, &my_idx, budget)
+                .into_iter()
+                .map(|mb| {
+                    let coef = mb
+                        .iter()
+                        .flat_map(|&i| {
+                            let c = obj.coef[batch.seqs[i].traj];
+                            is_weights[i].iter().map(move |w| c * w)
+                        })
+                        .collect::<Vec<f64>>();
+                    (mb, coef)
+                })
+                .filter(|(_, coef)| coef.iter().any(|&c| c != 0.0))
+                .collect();
+            for round in self.rounds(work)? {
+                let Some((mb, coef)) = round else {
+                    self.idle_round(true, s)?;
                     continue;
-                }
+                };
                 let coef = Tensor::from_slice(&coef)
                     .to_device(self.model.device())
                     .to_kind(Kind::Float);
@@ -462,9 +474,8 @@ impl Trainer {
                     head(&lm.forward(&inp.forward_input(), None).hidden)
                 };
                 let _lp = done.map_err(|e| self.torch_or_expert(e))?;
-                self.check_expert()?;
+                self.check_exchanges()?;
             }
-            self.expert_catch_up(n_mbs, rounds, true, s)?;
             let up = self.sync_and_update(&params, s, pg)?;
             grad_norms.push(up.norm);
             lr_used = Some(up.lr);

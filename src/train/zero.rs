@@ -14,28 +14,19 @@
 //! copied from it (rounded to the stored dtype) and all-gathered. They are saved as `master.B`
 //! beside the moments.
 //!
-//! On disk (beside the checkpoint): `optimizer/zero.json` (world size and bucket layout) and
-//! `optimizer/rank-RRRRR.safetensors` (`exp_avg.B` and `exp_avg_sq.B`, one fp32 chunk per
-//! bucket B). Resuming needs the same world size and layout; a checkpoint with full moments
-//! (`optimizer.safetensors`, from one process or `--zero 0`) is re-sharded on load.
-//!
-//! Under expert parallelism the two kinds of parameters are sharded over different ranks, so
-//! they get a [`ZeroAdamW`] each: the dense parameters over the whole world (saved as above), a
-//! rank's experts over the ranks that hold the same experts (its expert data-parallel group),
-//! saved in [`expert_folder`]. Both layouts record the `--expert-parallel` they were made at.
+//! On disk ([`super::state`]): the layout (world size, buckets) in the group's `group.json`, and
+//! each rank's chunks (`exp_avg.B`, `exp_avg_sq.B`, `master.B`, one fp32 chunk per bucket B) in
+//! its slice file. Resuming needs the same world size and layout; full moments (a group that was
+//! not sharded, or one process's checkpoint) are re-sharded on load ([`ZeroAdamW::reshard_from`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::optim::{adamw_update, AdamW, AdamWConfig};
+use super::optim::{adamw_update, AdamWConfig, Moments, StepScale};
 use super::TrainError;
 use crate::c10d::{ProcessGroup, ReduceOp};
-
-/// Folder of the sharded state in a checkpoint.
-pub const DIR: &str = "optimizer";
-const LAYOUT_FILE: &str = "zero.json";
 
 /// Parameters of one bucket, as saved in `zero.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +76,8 @@ struct Bucket {
 #[derive(Debug)]
 pub struct ZeroAdamW {
     layout: ZeroLayout,
+    /// This rank's index in the group the state is sharded over.
+    rank: usize,
     buckets: Vec<Bucket>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
@@ -100,37 +93,9 @@ fn bad(path: &Path, msg: String) -> TrainError {
     }
 }
 
-/// The saved layout in checkpoint `dir`, when it has one.
-pub fn saved_layout(dir: &Path) -> Result<Option<ZeroLayout>, TrainError> {
-    saved_layout_in(&dir.join(DIR))
-}
-
-/// The layout saved in `folder` (`DIR` of a checkpoint, or an expert folder in it).
-fn saved_layout_in(folder: &Path) -> Result<Option<ZeroLayout>, TrainError> {
-    let path = folder.join(LAYOUT_FILE);
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| bad(&path, e.to_string()))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| bad(&path, e.to_string()))
-}
-
-fn rank_file(folder: &Path, rank: usize) -> PathBuf {
-    folder.join(format!("rank-{rank:05}.safetensors"))
-}
-
-/// Under expert parallelism with ZeRO-1: the folder of the experts held by expert-parallel rank
-/// `r` of `n` in checkpoint `dir` (its `zero.json` and one `rank-DDDDD.safetensors` per rank
-/// holding those experts, D its rank among them). The dense parameters' state stays in `DIR`.
-pub fn expert_folder(dir: &Path, r: usize, n: usize) -> PathBuf {
-    dir.join(DIR).join(format!("experts-{:05}-of-{n:05}", r + 1))
-}
-
 impl ZeroAdamW {
     /// Lays out `params` over `pg`'s ranks with fresh (zero) moments. `stored`: the stored dtype
-    /// of the parameters stored narrower than they are computed ([`AdamW::stored`]).
+    /// of the parameters stored narrower than they are computed ([`super::optim::AdamW::stored`]).
     pub fn new(
         params: &[(String, Tensor)],
         stored: &std::collections::BTreeMap<String, Kind>,
@@ -184,6 +149,7 @@ impl ZeroAdamW {
             exp_avg: buckets.iter().map(zeros).collect(),
             exp_avg_sq: buckets.iter().map(zeros).collect(),
             master: buckets.iter().map(|_| None).collect(),
+            rank: pg.rank(),
             layout: ZeroLayout {
                 world_size: pg.world_size(),
                 expert_parallel: 1,
@@ -209,14 +175,36 @@ impl ZeroAdamW {
             .sum()
     }
 
+    /// Bytes of the state this rank holds for the parameters `pick` selects (by name): the parts
+    /// of its chunks that fall in those parameters' ranges of each bucket.
+    pub fn state_bytes_where(&self, pick: impl Fn(&str) -> bool) -> u64 {
+        let mut elems = 0u64;
+        for (bi, b) in self.buckets.iter().enumerate() {
+            let per_elem = 2 + u64::from(self.master[bi].is_some());
+            let (lo_chunk, hi_chunk) = (self.rank as i64 * b.chunk, (self.rank as i64 + 1) * b.chunk);
+            for (j, name) in self.layout.buckets[bi].names.iter().enumerate() {
+                let (lo, hi) = (
+                    b.offsets[j].max(lo_chunk),
+                    (b.offsets[j] + b.numels[j]).min(hi_chunk),
+                );
+                if hi > lo && pick(name) {
+                    elems += (hi - lo) as u64 * per_elem;
+                }
+            }
+        }
+        elems * 4
+    }
+
     /// Bytes of the reduced gradient chunks (fp32) this rank holds during an update.
     pub fn grad_bytes(&self) -> u64 {
         self.buckets.iter().map(|b| b.chunk as u64 * 4).sum()
     }
 
-    /// Takes this rank's chunks of full moments (`opt`, from a checkpoint written by one process
-    /// or `--zero 0`).
-    pub fn reshard_from(&mut self, opt: &AdamW, params: &[(String, Tensor)], rank: usize) {
+    /// Takes this rank's chunks of full state (`opt`: from a group that was not sharded, or one
+    /// process's checkpoint); parameters without moments start at zero, without masters from
+    /// their weights.
+    pub fn reshard_from(&mut self, opt: &Moments, params: &[(String, Tensor)]) {
+        let rank = self.rank;
         let _g = tch::no_grad_guard();
         for (bi, b) in self.buckets.iter().enumerate() {
             let pick = |which: usize| {
@@ -253,18 +241,16 @@ impl ZeroAdamW {
         }
     }
 
-    /// Loads this rank's chunks from checkpoint `dir`; the saved layout must be this one.
-    pub fn load(&mut self, dir: &Path, rank: usize) -> Result<(), TrainError> {
-        self.load_from(&dir.join(DIR), rank)
+    /// The layout this state was laid out with (saved as the group's `group.json`).
+    pub fn layout(&self) -> &ZeroLayout {
+        &self.layout
     }
 
-    /// [`ZeroAdamW::load`] from `folder` (`DIR`, or an [`expert_folder`]).
-    pub fn load_from(&mut self, folder: &Path, rank: usize) -> Result<(), TrainError> {
-        let path = folder.join(LAYOUT_FILE);
-        let saved = saved_layout_in(folder)?.ok_or_else(|| bad(&path, "missing".into()))?;
+    /// Refuses a saved layout (read from `path`) this state cannot continue.
+    pub fn check_saved(&self, saved: &ZeroLayout, path: &Path) -> Result<(), TrainError> {
         if saved.expert_parallel != self.layout.expert_parallel {
             return Err(bad(
-                &path,
+                path,
                 format!(
                     "saved with --zero 1 at --expert-parallel {}, this run has {}: resume at \
                      --expert-parallel {} (or from a checkpoint with full moments)",
@@ -274,7 +260,7 @@ impl ZeroAdamW {
         }
         if saved.world_size != self.layout.world_size {
             return Err(bad(
-                &path,
+                path,
                 format!(
                     "saved by {} ranks with --zero 1, this run has {}: resume at world size {} (re-sharding \
                      ZeRO state across world sizes is not supported)",
@@ -284,47 +270,40 @@ impl ZeroAdamW {
         }
         if saved.buckets != self.layout.buckets {
             return Err(bad(
-                &path,
+                path,
                 "the saved bucket layout differs from this run's (another --freeze, --bucket-mb or model?)"
                     .into(),
             ));
         }
-        let file = rank_file(folder, rank);
-        let tensors = Tensor::read_safetensors(&file).map_err(|e| bad(&file, e.to_string()))?;
+        Ok(())
+    }
+
+    /// Loads this rank's chunks from `file` (written by [`ZeroAdamW::write_slice`] with this
+    /// layout: check it first with [`ZeroAdamW::check_saved`]).
+    pub fn read_slice(&mut self, file: &Path) -> Result<(), TrainError> {
+        let tensors = Tensor::read_safetensors(file).map_err(|e| bad(file, e.to_string()))?;
         let dev = self.exp_avg.first().map_or(tch::Device::Cpu, Tensor::device);
         for (name, t) in tensors {
             let (which, b) = name
                 .split_once('.')
                 .and_then(|(w, b)| Some((w, b.parse::<usize>().ok()?)))
                 .filter(|(_, b)| *b < self.buckets.len())
-                .ok_or_else(|| bad(&file, format!("unexpected tensor `{name}`")))?;
+                .ok_or_else(|| bad(file, format!("unexpected tensor `{name}`")))?;
             if t.size() != [self.buckets[b].chunk] {
-                return Err(bad(&file, format!("`{name}` has shape {:?}", t.size())));
+                return Err(bad(file, format!("`{name}` has shape {:?}", t.size())));
             }
             match which {
                 "exp_avg" => self.exp_avg[b] = t.to_device(dev),
                 "exp_avg_sq" => self.exp_avg_sq[b] = t.to_device(dev),
                 "master" => self.master[b] = Some(t.to_device(dev)),
-                _ => return Err(bad(&file, format!("unexpected tensor `{name}`"))),
+                _ => return Err(bad(file, format!("unexpected tensor `{name}`"))),
             }
         }
         Ok(())
     }
 
-    /// Writes this rank's chunks (and, on rank 0, the layout) into checkpoint directory `dir`.
-    pub fn save(&self, dir: &Path, rank: usize) -> Result<(), TrainError> {
-        self.save_in(&dir.join(DIR), rank)
-    }
-
-    /// [`ZeroAdamW::save`] into `folder` (`DIR`, or an [`expert_folder`]); `rank` is this
-    /// rank's among those the state is sharded over, and rank 0 writes the layout.
-    pub fn save_in(&self, folder: &Path, rank: usize) -> Result<(), TrainError> {
-        std::fs::create_dir_all(folder).map_err(|e| bad(folder, e.to_string()))?;
-        if rank == 0 {
-            let path = folder.join(LAYOUT_FILE);
-            let text = serde_json::to_string_pretty(&self.layout).expect("invariant: layout serializes");
-            std::fs::write(&path, text + "\n").map_err(|e| bad(&path, e.to_string()))?;
-        }
+    /// Writes this rank's chunks to `file`.
+    pub fn write_slice(&self, file: &Path) -> Result<(), TrainError> {
         let mut tensors = Vec::new();
         for (b, (m, v)) in self.exp_avg.iter().zip(&self.exp_avg_sq).enumerate() {
             tensors.push((format!("exp_avg.{b}"), m.to_device(tch::Device::Cpu)));
@@ -333,8 +312,7 @@ impl ZeroAdamW {
                 tensors.push((format!("master.{b}"), w.to_device(tch::Device::Cpu)));
             }
         }
-        let file = rank_file(folder, rank);
-        Tensor::write_safetensors(&tensors, &file).map_err(|e| bad(&file, e.to_string()))
+        Tensor::write_safetensors(&tensors, file).map_err(|e| bad(file, e.to_string()))
     }
 
     /// Reduce-scatters the gradients: this rank's chunk of each bucket's summed flat gradient,
@@ -370,15 +348,12 @@ impl ZeroAdamW {
 
     /// AdamW on this rank's chunks with their reduced gradients `grads`, then all-gathers the
     /// updated parameters. Parameters nobody has a gradient for are left alone.
-    #[expect(clippy::too_many_arguments, reason = "one update's inputs")]
-    pub fn step(
+    pub(crate) fn step(
         &mut self,
         params: &[(String, Tensor)],
         defined: &[bool],
         grads: &[Tensor],
-        lr: f64,
-        bc: (f64, f64),
-        cfg: &AdamWConfig,
+        (step, cfg): (StepScale, &AdamWConfig),
         pg: &ProcessGroup,
     ) -> Result<(), crate::c10d::DistError> {
         let _g = tch::no_grad_guard();
@@ -411,7 +386,7 @@ impl ZeroAdamW {
                 let base = master
                     .as_ref()
                     .map_or_else(|| seg.to_kind(Kind::Float), Tensor::copy);
-                let new = adamw_update(base, &g, &mut m, &mut v, decay, lr, bc, cfg);
+                let new = adamw_update(base, &g, &mut m, &mut v, decay, step.lr, step.bc, cfg);
                 if let Some(mut w) = master {
                     w.copy_(&new);
                 }

@@ -409,7 +409,9 @@ fn two_rank_expert_parallel_steps_equal_one_process_and_save_sharded_checkpoints
             map.contains_key("model.layers.0.mlp.experts.7.down_proj.weight"),
             !fused
         );
-        assert!(dir.join("optimizer-ep-00002-of-00002.safetensors").is_file());
+        assert!(dir
+            .join("optimizer/experts-00002-of-00002/slice-00000-of-00001.safetensors")
+            .is_file());
     }
 
     // Loaded at EP=1 (above) and at EP=2 (each rank its slice), and in transformers.
@@ -520,17 +522,18 @@ fn four_rank_expert_parallel_with_zero_1_equals_one_process_over_two_steps() {
     assert_eq!(
         optimizer_files(&at("zero-1")),
         [
-            "experts-00001-of-00002/rank-00000.safetensors",
-            "experts-00001-of-00002/rank-00001.safetensors",
-            "experts-00001-of-00002/zero.json",
-            "experts-00002-of-00002/rank-00000.safetensors",
-            "experts-00002-of-00002/rank-00001.safetensors",
-            "experts-00002-of-00002/zero.json",
-            "rank-00000.safetensors",
-            "rank-00001.safetensors",
-            "rank-00002.safetensors",
-            "rank-00003.safetensors",
-            "zero.json",
+            "dense/group.json",
+            "dense/slice-00000-of-00004.safetensors",
+            "dense/slice-00001-of-00004.safetensors",
+            "dense/slice-00002-of-00004.safetensors",
+            "dense/slice-00003-of-00004.safetensors",
+            "experts-00001-of-00002/group.json",
+            "experts-00001-of-00002/slice-00000-of-00002.safetensors",
+            "experts-00001-of-00002/slice-00001-of-00002.safetensors",
+            "experts-00002-of-00002/group.json",
+            "experts-00002-of-00002/slice-00000-of-00002.safetensors",
+            "experts-00002-of-00002/slice-00001-of-00002.safetensors",
+            "manifest.json",
         ]
     );
     let layout = |f: &str| -> serde_json::Value {
@@ -539,12 +542,12 @@ fn four_rank_expert_parallel_with_zero_1_equals_one_process_over_two_steps() {
     };
     assert_eq!(
         (
-            layout("zero.json")["world_size"].as_u64(),
-            layout("zero.json")["expert_parallel"].as_u64()
+            layout("dense/group.json")["world_size"].as_u64(),
+            layout("dense/group.json")["expert_parallel"].as_u64()
         ),
         (Some(4), Some(2))
     );
-    let experts = layout("experts-00002-of-00002/zero.json");
+    let experts = layout("experts-00002-of-00002/group.json");
     assert_eq!(experts["world_size"], 2);
     let names: Vec<&str> = experts["buckets"]
         .as_array()
@@ -563,7 +566,7 @@ fn four_rank_expert_parallel_with_zero_1_equals_one_process_over_two_steps() {
         "rank 1 of EP holds experts 4-7"
     );
     assert!(!at("zero-1")
-        .join("optimizer-ep-00001-of-00002.safetensors")
+        .join("optimizer/experts-00001-of-00002/slice-00000-of-00001.safetensors")
         .exists());
 
     // Bytes per rank: half the experts, their moments halved again by the 2 ranks holding them;
@@ -612,7 +615,7 @@ fn four_rank_expert_parallel_with_zero_1_equals_one_process_over_two_steps() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("optimizer/zero.json") && err.contains("--expert-parallel 2, this run has 1"),
+        err.contains("optimizer/manifest.json") && err.contains("--expert-parallel 2, this run has 1"),
         "{err}"
     );
     assert!(!err.contains("π_old recomputed"), "{err}");

@@ -191,10 +191,14 @@ fn two_ranks_make_the_update_of_one_process() {
                     ratio <= 0.55,
                     "{name}: ZeRO-1 optimizer state per rank is {ratio} of one process's"
                 );
-                assert!(two.join("optimizer/rank-00001.safetensors").is_file());
+                assert!(two
+                    .join("optimizer/all/slice-00001-of-00002.safetensors")
+                    .is_file());
             } else {
                 assert_eq!(ratio, 1.0);
-                assert!(two.join("optimizer.safetensors").is_file());
+                assert!(two
+                    .join("optimizer/all/slice-00000-of-00001.safetensors")
+                    .is_file());
             }
         }
     }
@@ -230,7 +234,10 @@ fn two_rank_zero1_resumes_like_one_process_and_loads_in_transformers() {
     let two = ["--nproc-per-node", "2", "--zero", "1"];
     let s1 = tmp.path().join("step-1");
     ok(&train_step(&tiny_moe(), &in1, &s1, &metrics, &two), "step 1");
-    assert!(s1.join("optimizer/zero.json").is_file() && !s1.join("optimizer.safetensors").exists());
+    assert!(
+        s1.join("optimizer/all/group.json").is_file()
+            && !s1.join("optimizer/all/slice-00000-of-00001.safetensors").exists()
+    );
     // Another world size stops before any compute, saying why.
     let bad = tmp.path().join("step-2-one-rank");
     let o = train_step(&s1, &in2, &bad, &metrics, &["--zero", "1"]);

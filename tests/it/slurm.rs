@@ -64,9 +64,10 @@ fn train_sbatch_runs_two_ranks_through_srun() {
     for f in [
         "model.safetensors",
         "lego-rl.json",
-        "optimizer/zero.json",
-        "optimizer/rank-00000.safetensors",
-        "optimizer/rank-00001.safetensors",
+        "optimizer/manifest.json",
+        "optimizer/all/group.json",
+        "optimizer/all/slice-00000-of-00002.safetensors",
+        "optimizer/all/slice-00001-of-00002.safetensors",
     ] {
         assert!(next.join(f).is_file(), "{f} missing:\n{log}");
     }

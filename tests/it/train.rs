@@ -144,7 +144,9 @@ fn train_step_writes_checkpoint_and_metrics() {
         "config.json",
         "generation_config.json",
         "model.safetensors",
-        "optimizer.safetensors",
+        "optimizer/manifest.json",
+        "optimizer/all/slice-00000-of-00001.safetensors",
+        "trainer_state.json",
         "lego-rl.json",
     ] {
         assert!(out.join(f).is_file(), "{f} missing");

@@ -84,6 +84,9 @@ fn train(ckpt: &Path, samples: &[Sample], out: &Path, masters: bool, kind: Optio
     from
 }
 
+/// One process's optimizer state in a checkpoint (`train/state.rs`).
+const FULL_STATE: &str = "optimizer/all/slice-00000-of-00001.safetensors";
+
 /// The tensors of `file`, by name, with their saved dtypes.
 fn read(file: &Path) -> BTreeMap<String, Tensor> {
     Tensor::read_safetensors(file).unwrap().into_iter().collect()
@@ -158,7 +161,7 @@ fn bf16_checkpoint_learns_like_fp32_through_masters_and_not_without() {
     let err_masters = rel_err(&delta(&w16, &w0), &want);
     let err_bare = rel_err(&delta(&bare, &w0), &want);
     // The masters against the fp32 run's (unrounded) weights.
-    let masters: BTreeMap<String, Tensor> = read(&run16.join("optimizer.safetensors"))
+    let masters: BTreeMap<String, Tensor> = read(&run16.join(FULL_STATE))
         .into_iter()
         .filter_map(|(n, t)| Some((n.strip_prefix("master.")?.to_string(), t)))
         .collect();
@@ -166,7 +169,7 @@ fn bf16_checkpoint_learns_like_fp32_through_masters_and_not_without() {
     assert!(masters.values().all(|t| t.kind() == Kind::Float));
     let err_master_vs_fp32 = rel_err(&delta(&masters, &w0), &delta(&w32, &w0));
     assert!(
-        !read(&bare16.join("optimizer.safetensors"))
+        !read(&bare16.join(FULL_STATE))
             .keys()
             .any(|n| n.starts_with("master.")),
         "the switch turns the masters off"
@@ -194,7 +197,7 @@ fn bf16_checkpoint_learns_like_fp32_through_masters_and_not_without() {
     let w_up = read(&up16.join("model.safetensors"));
     assert!(w_up.values().all(|t| t.kind() == Kind::BFloat16));
     let err_up = rel_err(&delta(&w_up, &w0), &want);
-    let up_masters: BTreeMap<String, Tensor> = read(&up16.join("optimizer.safetensors"))
+    let up_masters: BTreeMap<String, Tensor> = read(&up16.join(FULL_STATE))
         .into_iter()
         .filter_map(|(n, t)| Some((n.strip_prefix("master.")?.to_string(), t)))
         .collect();
@@ -253,6 +256,7 @@ fn resume_worker() {
         "two" => ("start", &[1, 2][..], "two"),
         "one" => ("start", &[1][..], "one"),
         "resume" => ("one", &[2][..], "resumed"),
+        "resume-legacy" => ("one-legacy", &[2][..], "resumed-legacy"),
         other => panic!("unknown phase {other}"),
     };
     let mut t = load(&dir.join(from));
@@ -300,9 +304,55 @@ fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Rewrites checkpoint `dir`'s optimizer state into the layout train-step wrote before
+/// `optimizer/manifest.json` (one of the four `src/train/state.rs` still reads): full state in
+/// `optimizer.safetensors` and `optimizer-ep-RRRRR-of-EEEEE.safetensors`, ZeRO-1 state in
+/// `optimizer/zero.json` + `optimizer/rank-RRRRR.safetensors` and the same per expert folder.
+/// The tensors inside the files are the same in both layouts.
+fn to_legacy_layout(dir: &Path) {
+    let root = dir.join("optimizer");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("manifest.json")).unwrap()).unwrap();
+    for g in manifest["groups"].as_array().unwrap() {
+        let name = g["name"].as_str().unwrap();
+        let slices: Vec<&str> = g["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["file"].as_str().unwrap())
+            .collect();
+        let experts = name.strip_prefix("experts-");
+        if g["storage"] == "full" {
+            let to = experts.map_or_else(
+                || dir.join("optimizer.safetensors"),
+                |e| dir.join(format!("optimizer-ep-{e}.safetensors")),
+            );
+            std::fs::rename(root.join(slices[0]), to).unwrap();
+            continue;
+        }
+        let folder = experts.map_or_else(|| root.clone(), |_| root.join(name));
+        std::fs::rename(root.join(name).join("group.json"), folder.join("zero.json")).unwrap();
+        for (i, f) in slices.iter().enumerate() {
+            std::fs::rename(root.join(f), folder.join(format!("rank-{i:05}.safetensors"))).unwrap();
+        }
+    }
+    std::fs::remove_file(root.join("manifest.json")).unwrap();
+    for e in std::fs::read_dir(&root).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() && std::fs::read_dir(&p).unwrap().next().is_none() {
+            std::fs::remove_dir(&p).unwrap();
+        }
+    }
+    if std::fs::read_dir(&root).unwrap().next().is_none() {
+        std::fs::remove_dir(&root).unwrap();
+    }
+}
+
 /// Two steps in one process against one step plus one resumed step, on `world` ranks (computing
 /// in fp32 when `f32`): the same weights, moments and masters, bit for bit, in every file, and
-/// the weights saved in the checkpoint's bf16.
+/// the weights saved in the checkpoint's bf16. The resumed step runs twice: from the first
+/// step's checkpoint as written, and from a copy rewritten into the layout before the manifest
+/// ([`to_legacy_layout`]), which must still resume bit for bit.
 fn resumes_bit_exactly(world: usize, zero: bool, ep: usize, f32: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -328,23 +378,23 @@ fn resumes_bit_exactly(world: usize, zero: bool, ep: usize, f32: bool) {
     for phase in ["two", "one", "resume"] {
         resume_world(world, phase, zero, ep, f32, dir);
     }
-    let (two, resumed) = (dir.join("two"), dir.join("resumed"));
+    let legacy = dir.join("one-legacy");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(dir.join("one"))
+        .arg(&legacy)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    to_legacy_layout(&legacy);
+    assert!(!legacy.join("optimizer/manifest.json").exists());
+    resume_world(world, "resume-legacy", zero, ep, f32, dir);
+    let two = dir.join("two");
     let files = safetensors_files(&two);
-    assert_eq!(files, safetensors_files(&resumed), "the same files");
     let (mut tensors, mut masters) = (0, 0);
-    for f in &files {
-        let (a, b) = (read(&two.join(f)), read(&resumed.join(f)));
-        assert_eq!(
-            a.keys().collect::<Vec<_>>(),
-            b.keys().collect::<Vec<_>>(),
-            "{}",
-            f.display()
-        );
-        for (name, ta) in &a {
-            assert!(ta.equal(&b[name]), "{}: `{name}` differs", f.display());
-            tensors += 1;
-            masters += usize::from(name.starts_with("master."));
-        }
+    for resumed in [dir.join("resumed"), dir.join("resumed-legacy")] {
+        assert_eq!(files, safetensors_files(&resumed), "the same files");
+        (tensors, masters) = same_tensors(&two, &resumed, &files);
     }
     let w0 = read(&start.join("model.safetensors"));
     let weights_moved = files
@@ -355,12 +405,38 @@ fn resumes_bit_exactly(world: usize, zero: bool, ep: usize, f32: bool) {
         .any(|(n, t)| !t.equal(&w0[&n]));
     eprintln!(
         "world {world}, ZeRO {}, EP {ep}, fp32 compute {f32}: {} files, {tensors} tensors ({masters} masters) \
-         equal bit for bit",
+         equal bit for bit, resumed from this layout and from the one before the manifest",
         u8::from(zero),
         files.len()
     );
     assert!(masters > 0, "the optimizer state holds masters");
     assert!(weights_moved, "the steps moved the weights");
+}
+
+/// Asserts every tensor of `files` is equal in checkpoints `a` and `b`; returns (tensors,
+/// masters) compared.
+fn same_tensors(two: &Path, resumed: &Path, files: &[PathBuf]) -> (usize, usize) {
+    let (mut tensors, mut masters) = (0, 0);
+    for f in files {
+        let (a, b) = (read(&two.join(f)), read(&resumed.join(f)));
+        assert_eq!(
+            a.keys().collect::<Vec<_>>(),
+            b.keys().collect::<Vec<_>>(),
+            "{}",
+            f.display()
+        );
+        for (name, ta) in &a {
+            assert!(
+                ta.equal(&b[name]),
+                "{} of {}: `{name}` differs",
+                f.display(),
+                resumed.display()
+            );
+            tensors += 1;
+            masters += usize::from(name.starts_with("master."));
+        }
+    }
+    (tensors, masters)
 }
 
 #[test]
@@ -384,6 +460,13 @@ fn fp32_compute_of_bf16_resumes_bit_exactly_on_two_ranks_with_zero1() {
 #[test]
 fn bf16_resume_is_bit_exact_at_expert_parallel_2_on_four_ranks() {
     resumes_bit_exactly(4, true, 2, false);
+}
+
+/// Expert parallelism without ZeRO: each rank's experts keep full state (written by the first
+/// rank holding them), the dense parameters' is written by rank 0.
+#[test]
+fn bf16_resume_is_bit_exact_at_expert_parallel_2_without_zero() {
+    resumes_bit_exactly(2, false, 2, false);
 }
 
 /// `--zero 0` on 2 ranks sums a bf16 model's gradients in fp32 copies that stay alive, beside the
