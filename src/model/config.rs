@@ -354,11 +354,6 @@ impl Config {
         (self.head_dim as f64 * self.partial_rotary_factor) as i64
     }
 
-    /// True for the hybrid families (Gated DeltaNet + gated attention).
-    pub fn is_hybrid(&self) -> bool {
-        self.layer_types.contains(&LayerType::LinearAttention) || self.norm_offset
-    }
-
     /// True when layer `i` uses a routed MoE block (transformers' rule).
     pub fn is_moe_layer(&self, i: i64) -> bool {
         self.num_experts > 0 && !self.mlp_only_layers.contains(&i) && (i + 1) % self.decoder_sparse_step == 0
