@@ -82,7 +82,7 @@ fn exit_codes_do_not_depend_on_stderr_being_writable() {
     let out = dir.path().join("samples.jsonl.zst");
     // std's Command: assert_cmd's cannot redirect stderr.
     let bin = || {
-        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("lego-rl"));
+        let mut c = crate::common::lego_process();
         c.env("LEGO_RL_NO_PROGRESS", "1").env_remove("RUST_LOG");
         c
     };
