@@ -136,11 +136,6 @@ impl ChatFormat {
         &self.tokenizer
     }
 
-    /// The tool-call syntax the model was trained on.
-    pub fn tool_format(&self) -> ToolCallFormat {
-        self.tool_format
-    }
-
     /// Special-token ids.
     pub fn special(&self) -> SpecialTokens {
         self.tokenizer.special()

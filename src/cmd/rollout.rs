@@ -60,14 +60,15 @@ pub struct RolloutArgs {
     #[arg(long, env = "LEGO_RL_VLLM", value_name = "PYTHON")]
     pub vllm_python: Option<PathBuf>,
     /// Extra flag for the vllm-serve server, after lego-rl's own (repeat it; e.g.
-    /// --vllm-arg=--max-model-len=8192).
+    /// --vllm-arg=--max-model-len=8192); an error with any other backend.
     #[arg(long = "vllm-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub vllm_args: Vec<String>,
-    /// Seconds a vllm-serve server may take to start.
+    /// Seconds a vllm-serve server may take to start (read by --backend vllm-serve only).
     #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
     pub vllm_ready_timeout: f64,
     /// Largest |Δ log-prob| between a vLLM server and the checkpoint on the reload probe, checked
-    /// after every --follow reload (default: 4x what the fresh server measured, at least 1e-3).
+    /// after every --follow reload (default: 4x what the fresh server measured, at least 1e-3); an
+    /// error with a backend whose reloads are not checked (embedded, sglang, vllm without --follow).
     #[arg(long, value_name = "NATS")]
     pub reload_tolerance: Option<f64>,
     /// Tokenizer and chat template directory (default: the embedded checkpoint).
@@ -156,10 +157,11 @@ pub struct RolloutArgs {
     /// Cache of harness runtime downloads and locks (default $LEGO_RL_CACHE, else ~/.cache/lego-rl).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// Device of the embedded engine: cpu, cuda or cuda:N.
+    /// Device of the embedded engine, and of the checkpoint a vLLM backend's reloads are checked
+    /// against: cpu, cuda or cuda:N (checked first, whatever the backend; sglang does not use it).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Budget of the embedded engine's prefix cache: bytes of cached KV and routing (a plain
+    /// Budget of the embedded engine's prefix cache (the other backends ignore it): bytes of cached KV and routing (a plain
     /// number, or with a suffix: 512MiB, 4GiB, 2G = 2GiB, 2GB = 2e9); 0 turns the cache off. A prompt that
     /// starts with a cached prefix (the conversation so far, a group's shared prompt) prefills only
     /// the rest; least recently used entries go first. A token costs 2 x layers x kv_heads x
@@ -271,6 +273,8 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         dynamic,
         task_pool: args.task_pool,
     };
+    // Still before any work: flags the backend needs or would ignore.
+    crate::rollout::check_flags(&cfg)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let s = rt
         .block_on(crate::rollout::run(&cfg))

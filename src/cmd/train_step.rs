@@ -197,6 +197,12 @@ pub struct TrainStepArgs {
     /// Print this step's memory per rank (weights, gradients, optimizer state, activations) and
     /// exit, without compute, weights or a device (--checkpoint may be a config.json): exit 0
     /// when it fits --device-memory (or that is not given), 1 when not.
+    ///
+    /// The plan reads the flags that shape memory (--checkpoint, --dtype, --micro-batch-tokens,
+    /// --activation-checkpointing, --logprob-chunk, --zero, --bucket-mb, --expert-parallel,
+    /// --device-memory, and --world-size or --nproc-per-node) and checks the others' values; the
+    /// rest (--input, --out, --metrics, --device, the loss, optimizer and correction flags) are
+    /// ignored, so a step's own command line plus --plan prints that step's plan.
     #[arg(long, help_heading = "Memory plan")]
     pub plan: bool,
     /// Memory of one device (141GiB, 80GB = 8e10, 80G = 80GiB, ...): the plan's fit; without --plan, a step that
@@ -231,16 +237,100 @@ pub enum Replay {
     Off,
 }
 
+/// What the flags resolve to, worked out once before any work starts: the step and `--plan` both
+/// read it, so they cannot derive a default differently.
+struct Resolved {
+    /// `--dtype`, parsed (None: the checkpoint's).
+    dtype: Option<tch::Kind>,
+    /// `--zero`, when given (None: stage 1 on many ranks, 0 in one process; see
+    /// [`Resolved::zero`]).
+    zero: Option<bool>,
+    /// The trainer's settings, all but `zero`, which waits for the world size.
+    train: Settings,
+}
+
+impl Resolved {
+    /// Checks every flag that needs no file, device or process group, and derives the defaults.
+    fn from_args(args: &TrainStepArgs) -> anyhow::Result<Self> {
+        let dtype = args
+            .dtype
+            .as_deref()
+            .map(|d| parse_kind(d).with_context(|| format!("--dtype {d}: expected float32 or bfloat16")))
+            .transpose()?;
+        for (name, low, high) in [
+            (
+                "--is-mask-low/--is-mask-high",
+                args.is_mask_low,
+                args.is_mask_high,
+            ),
+            ("--is-geo-low/--is-geo-high", args.is_geo_low, args.is_geo_high),
+        ] {
+            anyhow::ensure!(
+                0.0 < low && low <= 1.0 && 1.0 <= high,
+                "{name} {low}/{high}: need 0 < low <= 1 <= high (an on-policy token, ratio 1, is always kept)"
+            );
+        }
+        anyhow::ensure!(args.expert_parallel >= 1, "--expert-parallel 0: need at least 1");
+        anyhow::ensure!(
+            args.nproc_per_node != Some(0),
+            "--nproc-per-node 0: need at least one rank"
+        );
+        let train = Settings {
+            loss: args.loss,
+            eps_low: args.eps_low,
+            eps_high: args.eps_high,
+            updates: args.updates.max(1),
+            micro_batch_tokens: args.micro_batch_tokens.max(1),
+            activation_checkpointing: args.activation_checkpointing,
+            logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk),
+            max_grad_norm: args.max_grad_norm,
+            tis_cap: args.tis_cap,
+            correction: CorrectionSettings {
+                kinds: args.is_correction.clone(),
+                tis_cap: args.tis_cap.unwrap_or(2.0),
+                mask_low: args.is_mask_low,
+                mask_high: args.is_mask_high,
+                geo_low: args.is_geo_low,
+                geo_high: args.is_geo_high,
+            },
+            adv_eps: 1e-6,
+            freeze: args.freeze.clone(),
+            zero: false,
+            bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
+            replay: args.replay == Replay::On,
+            optim: AdamWConfig {
+                lr: args.lr,
+                min_lr: args.min_lr,
+                warmup_steps: args.warmup_steps,
+                schedule: args.schedule,
+                total_steps: args.total_steps,
+                weight_decay: args.weight_decay,
+                ..AdamWConfig::default()
+            },
+        };
+        Ok(Resolved {
+            dtype,
+            zero: args.zero.map(|z| z == 1),
+            train,
+        })
+    }
+
+    /// ZeRO-1 on `world` ranks: `--zero`, else on for many ranks.
+    fn zero(&self, world: usize) -> bool {
+        self.zero.unwrap_or(world > 1)
+    }
+}
+
 /// Runs `train-step`.
 pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome> {
+    let resolved = Resolved::from_args(&args)?;
     if args.plan {
-        return print_plan(&args);
+        return print_plan(&args, &resolved);
     }
     let out = args.out.clone().context("--out is required")?;
     // Before anything is read or launched: `--device cuda` without a GPU fails here, saying so.
     let mut device = crate::device::resolve(&args.device)?;
     if let Some(n) = args.nproc_per_node.filter(|_| std::env::var_os("RANK").is_none()) {
-        anyhow::ensure!(n >= 1, "--nproc-per-node 0: need at least one rank");
         if args.input == Path::new("-") {
             anyhow::bail!("--input -: every rank reads the samples itself; give a file");
         }
@@ -266,64 +356,12 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
     }
     // Collectives run on the model's device (cuda:LOCAL_RANK for NCCL unless one GPU per task).
     let pg = pg.with_device(device);
-    let kind = args
-        .dtype
-        .as_deref()
-        .map(|d| parse_kind(d).with_context(|| format!("--dtype {d}: expected float32 or bfloat16")))
-        .transpose()?;
-    let settings = Settings {
-        loss: args.loss,
-        eps_low: args.eps_low,
-        eps_high: args.eps_high,
-        updates: args.updates.max(1),
-        micro_batch_tokens: args.micro_batch_tokens.max(1),
-        activation_checkpointing: args.activation_checkpointing,
-        logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk),
-        max_grad_norm: args.max_grad_norm,
-        tis_cap: args.tis_cap,
-        correction: CorrectionSettings {
-            kinds: args.is_correction.clone(),
-            tis_cap: args.tis_cap.unwrap_or(2.0),
-            mask_low: args.is_mask_low,
-            mask_high: args.is_mask_high,
-            geo_low: args.is_geo_low,
-            geo_high: args.is_geo_high,
-        },
-        adv_eps: 1e-6,
-        freeze: args.freeze.clone(),
-        zero: args.zero.map_or(pg.world_size() > 1, |z| z == 1),
-        bucket_elems: (args.bucket_mb.max(1) * 1024 * 1024 / 4) as i64,
-        replay: args.replay == Replay::On,
-        optim: AdamWConfig {
-            lr: args.lr,
-            min_lr: args.min_lr,
-            warmup_steps: args.warmup_steps,
-            schedule: args.schedule,
-            total_steps: args.total_steps,
-            weight_decay: args.weight_decay,
-            ..AdamWConfig::default()
-        },
-    };
-    for (name, low, high) in [
-        (
-            "--is-mask-low/--is-mask-high",
-            args.is_mask_low,
-            args.is_mask_high,
-        ),
-        ("--is-geo-low/--is-geo-high", args.is_geo_low, args.is_geo_high),
-    ] {
-        anyhow::ensure!(
-            0.0 < low && low <= 1.0 && 1.0 <= high,
-            "{name} {low}/{high}: need 0 < low <= 1 <= high (an on-policy token, ratio 1, is always kept)"
-        );
-    }
-    anyhow::ensure!(args.expert_parallel >= 1, "--expert-parallel 0: need at least 1");
     check_out(&out)?;
     // A family the model code does not implement is refused before any sample is read.
     let cfg = crate::model::Config::from_file(&args.checkpoint.join("config.json"))
         .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
     if let Some(mem) = args.device_memory {
-        let plan = memory_plan(&args, &cfg, pg.world_size(), Some(mem))?;
+        let plan = memory_plan(&args, &resolved, &cfg, pg.world_size(), Some(mem))?;
         if plan.fits == Some(false) {
             anyhow::bail!(
                 "this step does not fit in --device-memory ({} bytes per device); nothing was loaded. \
@@ -333,6 +371,10 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             );
         }
     }
+    let settings = Settings {
+        zero: resolved.zero(pg.world_size()),
+        ..resolved.train
+    };
     tch::manual_seed(args.seed);
     let samples: Vec<Sample> = read_all(
         &args.input,
@@ -343,9 +385,9 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
     )?;
     let mut trainer = if args.expert_parallel > 1 {
         let groups = pg.expert_groups(args.expert_parallel)?;
-        Trainer::load_expert_parallel(&args.checkpoint, device, kind, groups)
+        Trainer::load_expert_parallel(&args.checkpoint, device, resolved.dtype, groups)
     } else {
-        Trainer::load(&args.checkpoint, device, kind)
+        Trainer::load(&args.checkpoint, device, resolved.dtype)
     }
     .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
     trainer.expert_layout = args.expert_layout;
@@ -395,43 +437,38 @@ fn launch(n: usize) -> anyhow::Result<Outcome> {
     }
 }
 
-/// The memory plan of this command line for `world` ranks (`--zero` defaulting as the step does).
+/// The memory plan of this step for `world` ranks, from the same resolved settings as the step.
 fn memory_plan(
     args: &TrainStepArgs,
+    resolved: &Resolved,
     cfg: &crate::model::Config,
     world: usize,
     device_memory: Option<u64>,
 ) -> anyhow::Result<Plan> {
-    let kind = |d: &str| parse_kind(d).with_context(|| format!("dtype {d}: expected float32 or bfloat16"));
     let stored_dtype = cfg
         .dtype
         .as_deref()
-        .map(kind)
+        .map(|d| parse_kind(d).with_context(|| format!("dtype {d}: expected float32 or bfloat16")))
         .transpose()?
         .unwrap_or(tch::Kind::Float);
-    let dtype = args
-        .dtype
-        .as_deref()
-        .map(kind)
-        .transpose()?
-        .unwrap_or(stored_dtype);
+    let t = &resolved.train;
     let spec = PlanSpec {
         world_size: world,
         expert_parallel: args.expert_parallel,
-        zero: args.zero.map_or(world > 1, |z| z == 1),
-        dtype,
+        zero: resolved.zero(world),
+        dtype: resolved.dtype.unwrap_or(stored_dtype),
         stored_dtype,
-        micro_batch_tokens: args.micro_batch_tokens.max(1) as u64,
-        activation_checkpointing: args.activation_checkpointing,
-        logprob_chunk: (args.logprob_chunk > 0).then_some(args.logprob_chunk as u64),
-        bucket_elems: args.bucket_mb.max(1) * 1024 * 1024 / 4,
+        micro_batch_tokens: t.micro_batch_tokens as u64,
+        activation_checkpointing: t.activation_checkpointing,
+        logprob_chunk: t.logprob_chunk.map(|c| c as u64),
+        bucket_elems: t.bucket_elems as u64,
         device_memory,
     };
     Ok(plan::plan(cfg, &spec)?)
 }
 
 /// `--plan`: prints the plan of `--checkpoint`'s config.json; exit 1 when it does not fit.
-fn print_plan(args: &TrainStepArgs) -> anyhow::Result<Outcome> {
+fn print_plan(args: &TrainStepArgs, resolved: &Resolved) -> anyhow::Result<Outcome> {
     let path = if args.checkpoint.is_file() {
         args.checkpoint.clone()
     } else {
@@ -445,7 +482,7 @@ fn print_plan(args: &TrainStepArgs) -> anyhow::Result<Outcome> {
         .or_else(|| env("SLURM_NTASKS"))
         .or(args.nproc_per_node)
         .unwrap_or(1);
-    let plan = memory_plan(args, &cfg, world, args.device_memory)?;
+    let plan = memory_plan(args, resolved, &cfg, world, args.device_memory)?;
     let text = match args.format {
         PlanFormat::Table => plan.table(),
         PlanFormat::Json => serde_json::to_string_pretty(&plan)? + "\n",

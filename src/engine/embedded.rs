@@ -41,9 +41,7 @@ use tch::Device;
 
 use super::prefix_cache::{self, PrefixCache};
 use super::worker::worker;
-use super::{
-    Backend, EngineError, GenerateOutput, GenerateRequest, PrefixCacheStats, RoutingShape, TokenSink,
-};
+use super::{Backend, EngineError, GenerateOutput, GenerateRequest, PrefixCacheStats, TokenSink};
 use crate::chat::ChatTokenizer;
 use crate::model::Model;
 
@@ -60,7 +58,6 @@ pub(super) enum Msg {
 pub struct EmbeddedBackend {
     tx: mpsc::Sender<Msg>,
     dir: PathBuf,
-    shape: Option<RoutingShape>,
     context: usize,
     counters: Arc<Counters>,
     /// Whether the checkpoint has a tokenizer (needed for stop strings).
@@ -156,11 +153,6 @@ impl EmbeddedBackend {
     pub fn start_with(dir: &Path, device: Device, opts: EngineOptions) -> Result<Self, EngineError> {
         let failed = |msg: String| EngineError::Failed { backend: NAME, msg };
         let model = Model::load(dir, device, None).map_err(|e| failed(e.to_string()))?;
-        let moe = model.lm.moe_layers();
-        let shape = (moe > 0).then(|| RoutingShape {
-            layers: moe,
-            top_k: model.lm.cfg.num_experts_per_tok.max(1) as usize,
-        });
         let context = model.lm.cfg.max_position_embeddings as usize;
         let tok_path = dir.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
@@ -182,7 +174,6 @@ impl EmbeddedBackend {
         Ok(EmbeddedBackend {
             tx,
             dir: dir.to_path_buf(),
-            shape,
             context,
             counters,
             has_tokenizer,
@@ -237,11 +228,6 @@ impl EmbeddedBackend {
             });
         }
         self.ask(|tx| Msg::Generate(req, tx, sink)).await
-    }
-
-    /// The routing shape of the loaded model (None for dense models).
-    pub fn routing_shape(&self) -> Option<RoutingShape> {
-        self.shape
     }
 }
 

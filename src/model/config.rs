@@ -170,27 +170,7 @@ impl Config {
     /// Parses `config.json` text; the error message names the offending key.
     pub fn from_json(text: &str) -> Result<Self, String> {
         let outer: Outer = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
-        let family = outer
-            .model_type
-            .clone()
-            .ok_or("missing required key `model_type`")?;
-        if !SUPPORTED_MODEL_TYPES.contains(&family.as_str()) {
-            return Err(format!(
-                "model_type `{family}` is not supported; supported: {}",
-                SUPPORTED_MODEL_TYPES.join(", ")
-            ));
-        }
-        if let Some(arch) = outer
-            .architectures
-            .iter()
-            .flatten()
-            .find(|a| !SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
-        {
-            return Err(format!(
-                "architecture `{arch}` is not supported; supported: {}",
-                SUPPORTED_ARCHITECTURES.join(", ")
-            ));
-        }
+        let family = supported_family(&outer)?;
         let wrapped = family == "qwen3_5_moe";
         let raw: Raw = match (&outer.text_config, wrapped) {
             (Some(tc), true) => {
@@ -208,28 +188,7 @@ impl Config {
         };
         let req = |v: Option<i64>, k: &str| v.ok_or_else(|| format!("missing required key `{}`", key(k)));
         let hybrid = matches!(family.as_str(), "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text");
-        let rope_theta = match (raw.rope_theta, &raw.rope_parameters) {
-            (Some(t), _) => t,
-            (None, Some(p)) => p
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .ok_or("`rope_parameters` has no numeric `rope_theta`")?,
-            (None, None) => {
-                return Err("missing required key `rope_theta` (or `rope_parameters.rope_theta`)".into())
-            }
-        };
-        for scaling in [&raw.rope_scaling, &raw.rope_parameters].into_iter().flatten() {
-            let kind = scaling
-                .get("rope_type")
-                .or_else(|| scaling.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            if kind != "default" {
-                return Err(format!(
-                    "unsupported rope type `{kind}` (only `default` RoPE is implemented)"
-                ));
-            }
-        }
+        let rope_theta = rope_theta(&raw)?;
         let num_experts = raw.num_experts.or(raw.num_local_experts).unwrap_or(0);
         let is_moe = family.contains("moe") || family == "qwen3_next" || num_experts > 0;
         if is_moe && num_experts == 0 {
@@ -318,45 +277,47 @@ impl Config {
             expert_shard: Default::default(),
             model_type: family,
         };
-        if cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0 {
+        cfg.check(hybrid, &key)?;
+        Ok(cfg)
+    }
+
+    /// The consistency checks of a parsed configuration (`key` names a key as the file spells
+    /// it).
+    fn check(&self, hybrid: bool, key: &dyn Fn(&str) -> String) -> Result<(), String> {
+        if self.num_attention_heads % self.num_key_value_heads.max(1) != 0 {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                cfg.num_attention_heads, cfg.num_key_value_heads
+                self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if cfg.num_experts_per_tok > cfg.num_experts {
+        if self.num_experts_per_tok > self.num_experts {
             return Err(format!(
                 "num_experts_per_tok {} exceeds num_experts {}",
-                cfg.num_experts_per_tok, cfg.num_experts
+                self.num_experts_per_tok, self.num_experts
             ));
         }
-        if hybrid && cfg.linear_num_value_heads % cfg.linear_num_key_heads.max(1) != 0 {
+        if hybrid && self.linear_num_value_heads % self.linear_num_key_heads.max(1) != 0 {
             return Err(format!(
                 "`{}` {} is not a multiple of `{}` {}",
                 key("linear_num_value_heads"),
-                cfg.linear_num_value_heads,
+                self.linear_num_value_heads,
                 key("linear_num_key_heads"),
-                cfg.linear_num_key_heads
+                self.linear_num_key_heads
             ));
         }
-        let rot = cfg.rotary_dim();
-        if rot <= 0 || rot > cfg.head_dim || rot % 2 != 0 {
+        let rot = self.rotary_dim();
+        if rot <= 0 || rot > self.head_dim || rot % 2 != 0 {
             return Err(format!(
                 "`partial_rotary_factor` {} of head_dim {} gives {rot} rotary dimensions (must be even, 2..=head_dim)",
-                cfg.partial_rotary_factor, cfg.head_dim
+                self.partial_rotary_factor, self.head_dim
             ));
         }
-        Ok(cfg)
+        Ok(())
     }
 
     /// Dimensions of each head that RoPE rotates (transformers: `int(head_dim × factor)`).
     pub fn rotary_dim(&self) -> i64 {
         (self.head_dim as f64 * self.partial_rotary_factor) as i64
-    }
-
-    /// True for the hybrid families (Gated DeltaNet + gated attention).
-    pub fn is_hybrid(&self) -> bool {
-        self.layer_types.contains(&LayerType::LinearAttention) || self.norm_offset
     }
 
     /// True when layer `i` uses a routed MoE block (transformers' rule).
@@ -422,6 +383,60 @@ impl Config {
             ..Self::tiny()
         }
     }
+}
+
+/// `model_type`, when lego-rl implements it and every listed architecture.
+fn supported_family(outer: &Outer) -> Result<String, String> {
+    let family = outer
+        .model_type
+        .clone()
+        .ok_or("missing required key `model_type`")?;
+    if !SUPPORTED_MODEL_TYPES.contains(&family.as_str()) {
+        return Err(format!(
+            "model_type `{family}` is not supported; supported: {}",
+            SUPPORTED_MODEL_TYPES.join(", ")
+        ));
+    }
+    if let Some(arch) = outer
+        .architectures
+        .iter()
+        .flatten()
+        .find(|a| !SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
+    {
+        return Err(format!(
+            "architecture `{arch}` is not supported; supported: {}",
+            SUPPORTED_ARCHITECTURES.join(", ")
+        ));
+    }
+    Ok(family)
+}
+
+/// RoPE's base (`rope_theta`, or transformers ≥ 5's `rope_parameters.rope_theta`); any RoPE
+/// scaling but the default is refused.
+fn rope_theta(raw: &Raw) -> Result<f64, String> {
+    let rope_theta = match (raw.rope_theta, &raw.rope_parameters) {
+        (Some(t), _) => t,
+        (None, Some(p)) => p
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .ok_or("`rope_parameters` has no numeric `rope_theta`")?,
+        (None, None) => {
+            return Err("missing required key `rope_theta` (or `rope_parameters.rope_theta`)".into())
+        }
+    };
+    for scaling in [&raw.rope_scaling, &raw.rope_parameters].into_iter().flatten() {
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if kind != "default" {
+            return Err(format!(
+                "unsupported rope type `{kind}` (only `default` RoPE is implemented)"
+            ));
+        }
+    }
+    Ok(rope_theta)
 }
 
 /// `layer_types` when given (its length must be `num_hidden_layers`), else every

@@ -46,16 +46,6 @@ impl Processing {
             top_p: self.top_p.as_ref().map(n),
         }
     }
-
-    /// Same rows, moved to `device`.
-    pub fn to_device(&self, device: tch::Device) -> Processing {
-        let d = |t: &Tensor| t.to_device(device);
-        Processing {
-            temperature: d(&self.temperature),
-            top_k: self.top_k.as_ref().map(d),
-            top_p: self.top_p.as_ref().map(d),
-        }
-    }
 }
 
 /// `log_softmax` of `logits` (`[n, vocab]`, any float kind; fp32 result) under `proc`: the

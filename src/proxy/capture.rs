@@ -13,9 +13,9 @@ use super::flight::Flight;
 pub use super::trial::{Captured, Trial};
 use super::{ProxyError, State};
 use crate::chat::{
-    Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, ToolCallIds,
+    ChatFormat, Conversation, Message, ParsedOutput, PreviousGeneration, RenderOptions, Role, ToolCallIds,
 };
-use crate::engine::{EngineError, FinishReason, GenerateRequest, SampledToken, TokenSink};
+use crate::engine::{EngineError, FinishReason, GenerateOutput, GenerateRequest, SampledToken, TokenSink};
 use crate::records::{
     Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS, ROUTING_MISSING,
 };
@@ -224,31 +224,9 @@ fn prepare_inner(
     let mut mode = PromptMode::Rendered;
     let mut prompt_ids = raw_prompt;
     if !raw && state.cfg.prompt_mode == PromptMode::Faithful {
-        let inner = trial.lock();
-        let prev = inner.captured.iter().rev().find(|c| {
-            c.generation.thread == thread
-                && c.assistant.is_some()
-                && c.generation.status.as_deref() == Some("ok")
-        });
-        if let Some(prev) = prev {
-            let p = PreviousGeneration {
-                conversation: &prev.conversation,
-                options: &prev.options,
-                prompt_ids: &prev.generation.prompt_ids,
-                output_ids: &prev.generation.output_ids,
-                assistant: prev.assistant.as_ref().expect("invariant: filtered on is_some"),
-            };
-            match chat.faithful_prompt(&p, &conv, &opts) {
-                Ok(fp) => {
-                    extra.insert("reused_tokens".into(), json!(fp.reused));
-                    extra.insert("spliced_after".into(), json!(prev.generation.index));
-                    mode = PromptMode::Faithful;
-                    prompt_ids = Some(fp.prompt_ids);
-                }
-                Err(brk) => {
-                    extra.insert("segment_break".into(), json!(brk.to_string()));
-                }
-            }
+        if let Some(ids) = faithful_splice(chat, trial, thread, &conv, &opts, &mut extra) {
+            mode = PromptMode::Faithful;
+            prompt_ids = Some(ids);
         }
     }
     let prompt_ids = match prompt_ids {
@@ -261,15 +239,7 @@ fn prepare_inner(
         .flatten()
         .collect();
     let forced_output = match &forced_text {
-        Some(text) => {
-            let mut ids = chat.encode(text).map_err(bad)?;
-            if let Some(end) = special.im_end {
-                if ids.last() != Some(&end) {
-                    ids.push(end);
-                }
-            }
-            Some(ids)
-        }
+        Some(text) => Some(forced_ids(chat, text).map_err(bad)?),
         None => None,
     };
     let backend_id = state.backend.id();
@@ -348,6 +318,52 @@ fn prepare_inner(
         guard,
         raw,
     })))
+}
+
+/// The prompt as the thread's latest good capture's tokens plus the new messages (the faithful
+/// splice), noting in `extra` what was reused or why it could not be; `None` when there is no
+/// such capture or the splice broke.
+fn faithful_splice(
+    chat: &ChatFormat,
+    trial: &Trial,
+    thread: u32,
+    conv: &Conversation,
+    opts: &RenderOptions,
+    extra: &mut serde_json::Map<String, Value>,
+) -> Option<Vec<u32>> {
+    let inner = trial.lock();
+    let prev = inner.captured.iter().rev().find(|c| {
+        c.generation.thread == thread && c.assistant.is_some() && c.generation.status.as_deref() == Some("ok")
+    })?;
+    let p = PreviousGeneration {
+        conversation: &prev.conversation,
+        options: &prev.options,
+        prompt_ids: &prev.generation.prompt_ids,
+        output_ids: &prev.generation.output_ids,
+        assistant: prev.assistant.as_ref().expect("invariant: filtered on is_some"),
+    };
+    match chat.faithful_prompt(&p, conv, opts) {
+        Ok(fp) => {
+            extra.insert("reused_tokens".into(), json!(fp.reused));
+            extra.insert("spliced_after".into(), json!(prev.generation.index));
+            Some(fp.prompt_ids)
+        }
+        Err(brk) => {
+            extra.insert("segment_break".into(), json!(brk.to_string()));
+            None
+        }
+    }
+}
+
+/// A scripted output's tokens, ending with the end-of-turn token.
+fn forced_ids(chat: &ChatFormat, text: &str) -> Result<Vec<u32>, crate::chat::ChatError> {
+    let mut ids = chat.encode(text)?;
+    if let Some(end) = chat.special().im_end {
+        if ids.last() != Some(&end) {
+            ids.push(end);
+        }
+    }
+    Ok(ids)
 }
 
 pub(super) fn tool_call_ids(trial: &Trial, api: &str, index: u32) -> ToolCallIds {
@@ -456,6 +472,29 @@ pub(super) async fn run_with(
         }
     };
 
+    record_output(&mut record, &out, &parsed, state.cfg.return_routing);
+    record.timings = BTreeMap::from([
+        ("prepare".to_string(), prepared_s),
+        ("engine".to_string(), out.seconds),
+        ("total".to_string(), started.elapsed().as_secs_f64()),
+    ]);
+    let outcome = Outcome {
+        prompt_tokens: record.prompt_ids.len(),
+        output_tokens: record.output_ids.len(),
+        finish: out.finish_reason,
+        index,
+        parsed: parsed.clone(),
+    };
+    // The capture is complete before the harness sees a byte of the answer.
+    // Plain completions are never spliced onto (no assistant message to match).
+    let assistant = (!raw).then(|| parsed.to_message());
+    trial.push(record, conv, opts, assistant);
+    Ok(outcome)
+}
+
+/// Fills the capture of a generation that ended well: its tokens, log-probs and routing (or that
+/// routing asked for is missing), why it finished, and what parsing found.
+fn record_output(record: &mut Generation, out: &GenerateOutput, parsed: &ParsedOutput, return_routing: bool) {
     record.output_ids = out.output_ids.clone();
     record.logprobs = Packed::f32_vec(&out.logprobs);
     record.processed_logprobs = out.processed_logprobs && record.sampling.is_processed();
@@ -470,7 +509,7 @@ pub(super) async fn run_with(
         Some(_) => {}
         // Asked for (an MoE policy) and not returned: align and train-step count these tokens
         // as unreplayable instead of training them with the trainer's own routing unseen.
-        None if state.cfg.return_routing => {
+        None if return_routing => {
             record.extra.insert(ROUTING_MISSING.into(), json!(true));
         }
         None => {}
@@ -500,21 +539,4 @@ pub(super) async fn run_with(
             .extra
             .insert(MALFORMED_TOOL_CALLS.into(), json!(parsed.malformed_tool_calls));
     }
-    record.timings = BTreeMap::from([
-        ("prepare".to_string(), prepared_s),
-        ("engine".to_string(), out.seconds),
-        ("total".to_string(), started.elapsed().as_secs_f64()),
-    ]);
-    let outcome = Outcome {
-        prompt_tokens: record.prompt_ids.len(),
-        output_tokens: record.output_ids.len(),
-        finish: out.finish_reason,
-        index,
-        parsed: parsed.clone(),
-    };
-    // The capture is complete before the harness sees a byte of the answer.
-    // Plain completions are never spliced onto (no assistant message to match).
-    let assistant = (!raw).then(|| parsed.to_message());
-    trial.push(record, conv, opts, assistant);
-    Ok(outcome)
 }

@@ -33,11 +33,7 @@ fn sampling(state: &State, req: &ChatCompletionRequest) -> Sampling {
     if let Some(seed) = req.seed {
         s.seed = Some(seed);
     }
-    s.stop = match &req.stop {
-        Some(StringOrList::One(x)) => vec![x.clone()],
-        Some(StringOrList::Many(v)) => v.clone(),
-        None => vec![],
-    };
+    s.stop = req.stop.clone().map_or_else(Vec::new, StringOrList::into_vec);
     s
 }
 

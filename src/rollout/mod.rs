@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 
-pub use backend::{server_log, BackendSpec, VllmOptions};
+pub use backend::{check_flags, server_log, BackendSpec, VllmOptions};
 pub use dynamic::{DynamicConfig, DynamicSummary};
 pub use forced::Forced;
 pub use plan::{GroupPlan, Shard};

@@ -2,6 +2,7 @@
 //! over a run's files. Gates ([`super::gates`]) judge these numbers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -197,68 +198,9 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
                 .add(|| format!("{}: {}", path.display(), t.id));
         }
         let prev = last_version.entry(path.to_path_buf()).or_insert(t.policy_version);
-        if t.policy_version < *prev {
-            problems
-                .entry("policy_version_decreases".into())
-                .or_default()
-                .add(|| {
-                    format!(
-                        "{}: {} has policy_version {} after {}",
-                        path.display(),
-                        t.id,
-                        t.policy_version,
-                        prev
-                    )
-                });
-        }
-        *prev = (*prev).max(t.policy_version);
-        let mut gen_prev = 0;
-        for gen in &t.generations {
-            if gen.policy_version < gen_prev {
-                problems
-                    .entry("policy_version_decreases".into())
-                    .or_default()
-                    .add(|| {
-                        format!(
-                            "{}: {} generation {} goes back to policy_version {}",
-                            path.display(),
-                            t.id,
-                            gen.index,
-                            gen.policy_version
-                        )
-                    });
-            }
-            gen_prev = gen_prev.max(gen.policy_version);
-        }
+        version_checks(path, &t, prev, &mut problems);
     })?;
-    // Groups: zero variance and sizes (the most common size within a step is the expected one).
-    let mut sizes: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
-    for ((step, _, _), (n, rewards)) in &groups {
-        *sizes.entry(*step).or_default().entry(*n).or_default() += 1;
-        let s = h
-            .steps
-            .get_mut(step)
-            .expect("invariant: step seen with its group");
-        if !rewards.is_empty() {
-            s.groups += 1;
-            if rewards.iter().all(|r| *r == rewards[0]) {
-                s.zero_variance_groups += 1;
-            }
-        }
-    }
-    for ((step, task, group), (n, _)) in &groups {
-        let expected = sizes[step]
-            .iter()
-            .max_by_key(|(size, count)| (**count, **size))
-            .map(|(size, _)| *size)
-            .unwrap_or(*n);
-        if *n != expected {
-            problems
-                .entry("group_size_mismatches".into())
-                .or_default()
-                .add(|| format!("step {step}: group {task}/{group} has {n} trajectories, others {expected}"));
-        }
-    }
+    group_checks(&groups, &mut h.steps, &mut problems);
     // Samples: each must point at a trajectory of the run (when the run has trajectories).
     for (_, path) in &files.samples {
         let mut reader = crate::io::open_records::<Sample>(path, opts)?;
@@ -309,4 +251,76 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     h.metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
     h.problems = problems;
     Ok(h)
+}
+
+/// `policy_version_decreases`: a trajectory older than the one before it in `path` (`prev`, the
+/// newest so far, updated), or a generation older than the one before it.
+fn version_checks(path: &Path, t: &Trajectory, prev: &mut u64, problems: &mut BTreeMap<String, Problem>) {
+    if t.policy_version < *prev {
+        problems
+            .entry("policy_version_decreases".into())
+            .or_default()
+            .add(|| {
+                format!(
+                    "{}: {} has policy_version {} after {}",
+                    path.display(),
+                    t.id,
+                    t.policy_version,
+                    prev
+                )
+            });
+    }
+    *prev = (*prev).max(t.policy_version);
+    let mut gen_prev = 0;
+    for gen in &t.generations {
+        if gen.policy_version < gen_prev {
+            problems
+                .entry("policy_version_decreases".into())
+                .or_default()
+                .add(|| {
+                    format!(
+                        "{}: {} generation {} goes back to policy_version {}",
+                        path.display(),
+                        t.id,
+                        gen.index,
+                        gen.policy_version
+                    )
+                });
+        }
+        gen_prev = gen_prev.max(gen.policy_version);
+    }
+}
+
+/// Groups, keyed (step, task, group) with their member count and graded rewards: zero variance
+/// per step, and `group_size_mismatches` (the most common size within a step is the expected
+/// one).
+fn group_checks(
+    groups: &BTreeMap<(u64, String, u64), (u64, Vec<f64>)>,
+    steps: &mut BTreeMap<u64, StepHealth>,
+    problems: &mut BTreeMap<String, Problem>,
+) {
+    let mut sizes: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
+    for ((step, _, _), (n, rewards)) in groups {
+        *sizes.entry(*step).or_default().entry(*n).or_default() += 1;
+        let s = steps.get_mut(step).expect("invariant: step seen with its group");
+        if !rewards.is_empty() {
+            s.groups += 1;
+            if rewards.iter().all(|r| *r == rewards[0]) {
+                s.zero_variance_groups += 1;
+            }
+        }
+    }
+    for ((step, task, group), (n, _)) in groups {
+        let expected = sizes[step]
+            .iter()
+            .max_by_key(|(size, count)| (**count, **size))
+            .map(|(size, _)| *size)
+            .unwrap_or(*n);
+        if *n != expected {
+            problems
+                .entry("group_size_mismatches".into())
+                .or_default()
+                .add(|| format!("step {step}: group {task}/{group} has {n} trajectories, others {expected}"));
+        }
+    }
 }

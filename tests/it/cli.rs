@@ -82,7 +82,7 @@ fn exit_codes_do_not_depend_on_stderr_being_writable() {
     let out = dir.path().join("samples.jsonl.zst");
     // std's Command: assert_cmd's cannot redirect stderr.
     let bin = || {
-        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("lego-rl"));
+        let mut c = crate::common::lego_process();
         c.env("LEGO_RL_NO_PROGRESS", "1").env_remove("RUST_LOG");
         c
     };
@@ -263,5 +263,76 @@ fn plan_only_flags_need_plan() {
         assert_eq!(o.status.code(), Some(2), "{flag:?}: {o:?}");
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(e.contains("--plan"), "{flag:?}: {e}");
+    }
+}
+
+/// `rollout` checks its flags before any work: a bad `--device`, a backend missing the flag it
+/// needs, or a flag the backend would ignore exits 2 naming the flag, before the task file is read
+/// (it does not exist here), the output is opened or the harness runtime is built into the cache.
+/// Regression: a missing --chat-model or --vllm-python surfaced only after the Docker sweep and
+/// the runtime build, and --vllm-arg or --reload-tolerance on another backend was dropped.
+#[test]
+fn rollout_rejects_bad_flags_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cache) = (dir.path().join("traj.jsonl.zst"), dir.path().join("cache"));
+    let harness = crate::common::root().join("examples/harnesses/mini-swe-agent.toml");
+    let ckpt = "embedded:/nonexistent";
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["--backend", ckpt, "--device", "gpu0"],
+            "--device gpu0: expected cpu, cuda or cuda:N",
+        ),
+        (&["--backend", ckpt, "--device", "cuda:99"], "--device cuda:99: "),
+        (
+            &["--backend", "vllm:http://127.0.0.1:1"],
+            "--backend vllm: needs --chat-model DIR",
+        ),
+        (
+            &["--backend", "sglang:http://127.0.0.1:1"],
+            "--backend sglang: needs --chat-model DIR",
+        ),
+        (
+            &["--backend", "vllm-serve:/nonexistent"],
+            "--backend vllm-serve: needs --vllm-python",
+        ),
+        (
+            &["--backend", ckpt, "--vllm-arg=--dtype=float32"],
+            "--vllm-arg: only --backend vllm-serve",
+        ),
+        (
+            &["--backend", ckpt, "--reload-tolerance", "0.1"],
+            "--reload-tolerance: only a vLLM backend",
+        ),
+    ];
+    for (flags, msg) in cases {
+        let o = lego()
+            .env_remove("LEGO_RL_VLLM")
+            .args([
+                "rollout",
+                "-i",
+                "/nonexistent/tasks.jsonl",
+                "--images",
+                "/nonexistent/images.jsonl",
+            ])
+            .arg("--harness")
+            .arg(&harness)
+            .arg("-o")
+            .arg(&out)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(flags)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {e}");
+        assert!(e.contains(msg), "{flags:?}: expected `{msg}` in: {e}");
+        assert!(
+            !e.contains("/nonexistent/tasks.jsonl"),
+            "{flags:?}: the tasks were read first: {e}"
+        );
+        assert!(
+            !out.exists() && !cache.exists(),
+            "{flags:?}: work started before the check"
+        );
     }
 }

@@ -30,7 +30,7 @@ pub fn start_ranks(worker: &str, mode_var: &str, world: usize, mode: &str) -> Ve
     let port = free_port().to_string();
     let children: Vec<_> = (0..world)
         .map(|r| {
-            Command::new(std::env::current_exe().unwrap())
+            crate::common::watched(&mut Command::new(std::env::current_exe().unwrap()))
                 .args(["--exact", worker, "--ignored", "--nocapture", "--test-threads=1"])
                 .env(mode_var, mode)
                 .env("OMP_NUM_THREADS", "1")

@@ -632,7 +632,7 @@ fn a_dead_rank_during_an_expert_parallel_step_fails_clearly() {
     let out = tmp.path().join("out");
     let port = free_port();
     let rank = |r: usize| {
-        let mut c = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"));
+        let mut c = crate::common::lego_process();
         c.args(["-vv", "train-step", "--checkpoint"])
             .arg(tiny_moe())
             .arg("-i")

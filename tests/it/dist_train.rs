@@ -296,7 +296,7 @@ fn two_rank_zero1_resumes_like_one_process_and_loads_in_transformers() {
 /// One rank of a 2-rank train-step started by hand (torchrun's variables).
 fn rank(r: usize, port: u16, input: &Path, out: &Path, timeout: &str) -> Command {
     // (OPTS and the thread count do not matter here: these steps must not finish.)
-    let mut c = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"));
+    let mut c = crate::common::lego_process();
     c.args(["-v", "train-step", "--checkpoint"])
         .arg(tiny_moe())
         .arg("-i")
@@ -365,7 +365,7 @@ fn a_dead_rank_or_a_wrong_port_fails_the_step_and_writes_nothing() {
     assert!(!out.exists());
 
     // SIGTERM to the launcher reaches every rank; it exits 2 and nothing is written.
-    let mut launcher = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
+    let mut launcher = crate::common::lego_process()
         .args(["-v", "train-step", "--nproc-per-node", "2", "--checkpoint"])
         .arg(tiny_moe())
         .arg("-i")

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use lego_rl::io::{read_all, ReadOptions};
@@ -197,7 +196,7 @@ fn dynamic_sampling_refills_to_exactly_n_within_the_budget_and_align_skips_zero_
     // second informative group, and nothing more starts. It is first SIGKILLed while extra 1 runs
     // (its sandboxes up): nothing it started is written, and the next rerun runs extra 1 once.
     let budget = dynamic("4");
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
+    let mut child = crate::common::lego_process()
         .args(args(
             &p,
             &tasks,
@@ -275,7 +274,7 @@ fn the_loop_refills_batches_and_refilters_the_pool_between_steps() {
     let p = pool(tmp.path());
     let tasks = tasks_file(tmp.path(), "tasks.jsonl", &[ALWAYS, MIXED, NEVER]);
     let run = tmp.path().join("run");
-    let out = Command::new(root().join("scripts/loop.sh"))
+    let out = crate::common::script("scripts/loop.sh")
         .env("LEGO_RL_BIN", assert_cmd::cargo::cargo_bin("lego-rl"))
         .env("LEGO_RL_NO_PROGRESS", "1")
         .arg("--run")

@@ -65,7 +65,7 @@ fn two_steps_of_the_loop_on_the_tiny_model() {
     std::fs::create_dir_all(&run).expect("mkdir");
     let (tasks, images, forced) = prepare(&run, "inflection.json");
     let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let out = Command::new(root().join("scripts/loop.sh"))
+    let out = crate::common::script("scripts/loop.sh")
         .env("LEGO_RL_BIN", &bin)
         .env("LEGO_RL_NO_PROGRESS", "1")
         .args(["--run"])
@@ -192,7 +192,7 @@ fn a_stale_batch_trains_with_the_correction(run: &Path, tasks: &Path, images: &P
     // Bounds 4× the fresh batch's largest |log ρ| (and never tighter than float noise).
     let bound = (4.0 * spread(fresh)).max(1e-5);
     let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let out = Command::new(root().join("scripts/loop.sh"))
+    let out = crate::common::script("scripts/loop.sh")
         .env("LEGO_RL_BIN", &bin)
         .env("LEGO_RL_NO_PROGRESS", "1")
         .arg("--run")
@@ -363,7 +363,7 @@ fn slurm_examples_run_through_a_fake_sbatch_on_the_tiny_qwen35() {
     let shim = root().join("tests/slurm-shim");
     let state = dir.path().join("slurm");
     let path = format!("{}:{}", shim.display(), std::env::var("PATH").unwrap_or_default());
-    let out = Command::new(root().join("examples/slurm/submit-step.sh"))
+    let out = crate::common::script("examples/slurm/submit-step.sh")
         .arg("0")
         .env("PATH", path)
         .env("SLURM_SHIM_STATE", &state)

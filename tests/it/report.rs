@@ -377,8 +377,7 @@ impl Drop for Server {
 /// Starts `report --serve` on a free port with `extra` arguments; returns the server and its
 /// address.
 pub(crate) fn serve(run: &Path, extra: &[String]) -> (Server, String) {
-    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let child = Command::new(bin)
+    let child = crate::common::lego_process()
         .args(["report", "--serve", "--bind", "127.0.0.1:0"])
         .arg(run)
         .args(extra)

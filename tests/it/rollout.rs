@@ -374,8 +374,7 @@ fn sigkill_mid_group_then_rerun_writes_every_key_exactly_once() {
     // output path) lets the rerun remove what the killed run left behind.
     let args = rollout_args(&out, &["--group-size", "2", "--epochs", "2", "-j", "1"]);
     let run_id = lego_rl::rollout::default_run_id(&out);
-    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let mut child = Command::new(&bin)
+    let mut child = crate::common::lego_process()
         .args(&args)
         .env("LEGO_RL_NO_PROGRESS", "1")
         .stdout(std::process::Stdio::null())
@@ -456,8 +455,7 @@ fn interrupt_mid_trial(stderr_gone: bool) {
     let out = tmp.path().join("traj.jsonl.zst");
     let args = rollout_args(&out, &["--group-size", "1", "-j", "1"]);
     let run_id = lego_rl::rollout::default_run_id(&out);
-    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let mut child = Command::new(&bin)
+    let mut child = crate::common::lego_process()
         .args(&args)
         .env("LEGO_RL_NO_PROGRESS", "1")
         .stdout(std::process::Stdio::null())
@@ -570,8 +568,7 @@ fn follow_switches_to_the_newest_checkpoint_between_generations() {
         ckpts.display().to_string(),
         "--reload-in-flight".to_string(),
     ]);
-    let bin = assert_cmd::cargo::cargo_bin("lego-rl");
-    let mut child = Command::new(&bin)
+    let mut child = crate::common::lego_process()
         .args(&args)
         .env("LEGO_RL_NO_PROGRESS", "1")
         .stdout(std::process::Stdio::null())

@@ -406,7 +406,7 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
             "--vllm-arg=--dtype=float32",
         ],
     );
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lego-rl"))
+    let mut child = crate::common::lego_process()
         .args(args)
         .env("LEGO_RL_VLLM", vllm_python())
         .env("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -4,7 +4,7 @@
 //! safe-path mode, so neither the repository's working directory nor a planted module is
 //! imported in place of the grader's own.
 //!
-//! - SWE-style: protected test files restored, the test patch applied, `test_cmd` run, statuses
+//! - SWE-style ([`super::swe_grader`]): protected test files restored, the test patch applied, `test_cmd` run, statuses
 //!   graded ([`grade::swebench`]) from the grader's root-owned result stream ([`channel`]), which
 //!   junit.xml must agree with.
 //! - Harbor: `/tests` uploaded only after the diff is applied, `test.sh` run as the task's
@@ -18,13 +18,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::results::{grading_wrapper, RESULTS};
 use super::revert::Reverts;
-use super::stop::neutral_attributes_script;
 use super::{diff_files, Defence, Trial};
 use crate::grade;
 use crate::grade::channel;
-use crate::grade::hooks;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
@@ -33,9 +30,9 @@ use crate::text::{sh_quote, tail_bytes};
 
 /// Exported before every command that runs code of the repository while grading: no implicit
 /// working directory on `sys.path` (`-m`, `-c`), no user site-packages.
-const SAFE_PYTHON: &str = "export PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1";
+pub(super) const SAFE_PYTHON: &str = "export PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1";
 
-fn stage_error(message: String) -> SandboxError {
+pub(super) fn stage_error(message: String) -> SandboxError {
     SandboxError::Stage {
         stage: "evaluate",
         message,
@@ -43,7 +40,7 @@ fn stage_error(message: String) -> SandboxError {
 }
 
 /// The grading result of a trial whose diff tampers with grading: reward 0, tests not run.
-fn tampered(events: &[AuditEvent]) -> (f64, GraderResult) {
+pub(super) fn tampered(events: &[AuditEvent]) -> (f64, GraderResult) {
     let what: Vec<&str> = events.iter().map(|e| e.detail.as_str()).collect();
     (
         0.0,
@@ -58,7 +55,7 @@ fn tampered(events: &[AuditEvent]) -> (f64, GraderResult) {
 /// The grading result of a trial whose diff broke grading itself (a test patch that no longer
 /// applies, a killed grading shell, no reward file): the agent's doing, so reward 0 and a trial
 /// that counts, with the audit event `kind`.
-fn sabotaged(kind: &str, apply: Option<String>, log: &str) -> ((f64, GraderResult), AuditEvent) {
+pub(super) fn sabotaged(kind: &str, apply: Option<String>, log: &str) -> ((f64, GraderResult), AuditEvent) {
     (
         (
             0.0,
@@ -86,7 +83,7 @@ if mod and mod not in seen:\n        seen.add(mod)\n        print('pytest11 ' + 
 
 /// The grading result of tests that ran out of time on the agent's diff: its doing (the task's
 /// gold patch passed within the limit), so reward 0, not an infra failure.
-fn timed_out(stdout: &str) -> (f64, GraderResult) {
+pub(super) fn timed_out(stdout: &str) -> (f64, GraderResult) {
     (
         0.0,
         GraderResult {
@@ -101,7 +98,10 @@ fn timed_out(stdout: &str) -> (f64, GraderResult) {
 impl Trial {
     /// Creates and starts the evaluation container from the pristine image with `files` under
     /// `/tmp/lego/`.
-    async fn start_eval_container(&mut self, files: &[(&str, &[u8])]) -> Result<String, SandboxError> {
+    pub(super) async fn start_eval_container(
+        &mut self,
+        files: &[(&str, &[u8])],
+    ) -> Result<String, SandboxError> {
         let spec = self.offline_spec("-eval", self.image.clone());
         let id = self.engine.create_container(&spec).await?;
         self.eval_container = Some(id.clone());
@@ -117,7 +117,7 @@ impl Trial {
 
     /// Root's preparation in the evaluation container (`prep`, ending with the grader
     /// interpreter's importable names) and the tampering check of `diff` against those names.
-    async fn prepare_and_check(
+    pub(super) async fn prepare_and_check(
         &mut self,
         id: &str,
         prep: &str,
@@ -165,264 +165,6 @@ impl Trial {
             .cloned()
             .collect();
         Ok(((!all.is_empty()).then(|| tampered(&all)), plugins))
-    }
-
-    pub(super) async fn evaluate_swebench(
-        &mut self,
-        diff: &str,
-        test_cmd: &str,
-        test_files: &[String],
-    ) -> Result<(f64, GraderResult), SandboxError> {
-        let test_patch = self.task.test_patch.clone().unwrap_or_default();
-        let touched = diff_files(diff);
-        let mut protected: BTreeSet<String> = diff_files(&test_patch);
-        protected.extend(test_files.iter().cloned());
-        for t in self.task.fail_to_pass.iter().chain(&self.task.pass_to_pass) {
-            if let Some(file) = t.split("::").next() {
-                protected.insert(file.to_string());
-            }
-        }
-        let test_dirs = hooks::test_dirs(protected.iter().map(String::as_str));
-        let reverts = Reverts::plan(&touched, &protected, &test_dirs, &self.off);
-        self.audit.extend(reverts.events());
-        let id = self
-            .start_eval_container(&[
-                ("agent.diff", diff.as_bytes()),
-                ("test.patch", test_patch.as_bytes()),
-                ("plugin.py", channel::PLUGIN_PY.as_bytes()),
-            ])
-            .await?;
-        let wd = sh_quote(&self.workdir);
-        let base = sh_quote(self.task.base_commit.as_deref().unwrap_or("HEAD"));
-        let attrs = if self.defended(Defence::GitAttributes) {
-            format!("{}; ", neutral_attributes_script(".git"))
-        } else {
-            String::new()
-        };
-        // The grader's plugin, root-owned in the site-packages of the interpreter the grader runs:
-        // the result stream and the import-path probe.
-        let channel = self.defended(Defence::ResultChannel);
-        let plugin = format!(
-            "P=$(python3 -I -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); \
-             install -D -m 644 -o root -g root /tmp/lego/plugin.py \"$P/{}.py\"; ",
-            channel::PLUGIN_MODULE
-        );
-        // The import-path probe: the task's own test command, as the test user at the base
-        // commit (same directory, same environment: the image's ENV, the command's PYTHONPATH with
-        // its `$VAR` and absolute entries, the ini's `pythonpath`), stopped before collection.
-        let probe = if self.defended(Defence::Shadowing) && self.defended(Defence::ImportPathProbe) {
-            let out = "/tmp/lego/out/syspath";
-            let cmd = format!(
-                "cd {wd}; {SAFE_PYTHON}; export {}={out}; {test_cmd} -p {} >/dev/null 2>&1",
-                channel::SYSPATH_ENV,
-                channel::PLUGIN_MODULE
-            );
-            format!(
-                "; setpriv --reuid={AGENT_USER} --regid={AGENT_USER} --init-groups -- env HOME=/home/{AGENT_USER} \
-                 bash -c {} || true; cat {out} 2>/dev/null || true; rm -f {out}; \
-                 cd {wd}; git reset -q --hard {base}; git clean -qfdx; chown -R {AGENT_USER}:{AGENT_USER} {wd}",
-                sh_quote(&cmd)
-            )
-        } else {
-            String::new()
-        };
-        let prep = format!(
-            "{plugin}cd {wd}; {attrs}git reset -q --hard {base}; git clean -qfdx; mkdir -p /tmp/lego/out; \
-             chown -R {AGENT_USER}:{AGENT_USER} {wd} /tmp/lego/out{probe}"
-        );
-        let tests = test_files
-            .iter()
-            .chain(&self.task.fail_to_pass)
-            .chain(&self.task.pass_to_pass)
-            .map(String::as_str);
-        let dirs = integrity::search_dirs(test_cmd, tests);
-        let (verdict, plugins) = self.prepare_and_check(&id, &prep, diff, &dirs).await?;
-        if let Some(verdict) = verdict {
-            return Ok(verdict);
-        }
-        let restore = |files: &mut dyn Iterator<Item = &String>| -> String {
-            files
-                .map(|f| {
-                    format!(
-                        "git checkout -q {base} -- {q} 2>/dev/null || rm -f {q}; ",
-                        q = sh_quote(f)
-                    )
-                })
-                .collect()
-        };
-        // Hooks (.gitattributes first among them) before the tests, see [`Reverts::in_order`];
-        // with the protected-tests defence off, only the files the agent did not touch are reset.
-        let reverts_sh = restore(&mut reverts.in_order());
-        let untouched_tests: Vec<&String> = protected.iter().filter(|f| !touched.contains(*f)).collect();
-        let restore_tests = if self.defended(Defence::ProtectedTests) {
-            String::new()
-        } else {
-            restore(&mut untouched_tests.into_iter())
-        };
-        // Plugin autoload off: only the image's own plugins load, by name (found above in the
-        // pristine image); no entry point the diff adds is ever read.
-        let autoload = if self.defended(Defence::PluginAutoload) {
-            let p: Vec<String> = plugins.iter().map(|m| format!("-p {}", sh_quote(m))).collect();
-            ("export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1; ", p.join(" "))
-        } else {
-            ("", String::new())
-        };
-        let files: Vec<String> = test_files.iter().map(|f| sh_quote(f)).collect();
-        let (channel_env, channel_p) = if channel {
-            (
-                format!("export {}=3; ", channel::FD_ENV),
-                format!(" -p {}", channel::PLUGIN_MODULE),
-            )
-        } else {
-            (String::new(), String::new())
-        };
-        // As the non-root user from here on: applying the diff cannot write outside what that
-        // user owns (the repository, /tmp/lego/out), whatever a fallback like `patch` does.
-        let script = format!(
-            "cd {wd}; D=/tmp/lego/agent.diff; \
-             if [ ! -s $D ]; then M=none; \
-             elif git apply --binary $D 2>/dev/null; then M='git apply'; \
-             elif git apply --binary --3way $D 2>/dev/null; then M='git apply --3way'; \
-             elif git reset -q --hard; git apply --binary --reject $D 2>/dev/null; then M='git apply --reject'; \
-             elif git reset -q --hard; git clean -qfd; patch --batch --fuzz=5 -p1 -i $D >/dev/null 2>&1; then M='patch --fuzz=5'; \
-             else git reset -q --hard; git clean -qfd; M=failed; fi; echo \"LEGO_APPLY=$M\"; \
-             {reverts_sh}{restore_tests}\
-             if [ -s /tmp/lego/test.patch ] && ! git apply --binary /tmp/lego/test.patch; then echo LEGO_TEST_PATCH_FAILED; exit 3; fi; \
-             {SAFE_PYTHON}; {autoload_env}{channel_env}\
-             {test_cmd} {plugins}{channel_p} -rA --junitxml=/tmp/lego/out/junit.xml {files} >/tmp/lego/out/test.log 2>&1; echo \"LEGO_EXIT=$?\"",
-            files = files.join(" "),
-            autoload_env = autoload.0,
-            plugins = autoload.1,
-        );
-        let out = self
-            .engine
-            .exec(
-                &id,
-                "root",
-                "/",
-                &[],
-                &grading_wrapper(&script, channel),
-                self.limits.eval,
-            )
-            .await?;
-        if out.timed_out && !diff.trim().is_empty() {
-            return Ok(timed_out(&out.stdout));
-        }
-        let apply = marker(&out.stdout, "LEGO_APPLY=").map(str::to_string);
-        let log = out.stdout.clone() + &out.stderr;
-        if !out.timed_out && !diff.trim().is_empty() && self.defended(Defence::SabotageCostsReward) {
-            // The test patch applied at the base commit (the task was checked): if it no longer
-            // does, the diff put something in its way; if the script died before its last line,
-            // code of the diff killed it.
-            let kind = if out.stdout.contains("LEGO_TEST_PATCH_FAILED") {
-                Some("test_patch_conflict")
-            } else if marker(&out.stdout, "LEGO_EXIT=").is_none() {
-                Some("grading_killed")
-            } else {
-                None
-            };
-            if let Some(kind) = kind {
-                let (verdict, event) = sabotaged(kind, apply, &log);
-                self.audit.push(event);
-                return Ok(verdict);
-            }
-        }
-        if out.timed_out || out.stdout.contains("LEGO_TEST_PATCH_FAILED") || out.exit_code != Some(0) {
-            return Err(stage_error(format!(
-                "grading script exit {:?} (timed out: {}): {}",
-                out.exit_code,
-                out.timed_out,
-                tail_bytes(&(out.stdout + &out.stderr), 2000)
-            )));
-        }
-        let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
-        let short = Duration::from_secs(60);
-        let junit = self
-            .engine
-            .exec(
-                &id,
-                "root",
-                "/",
-                &[],
-                "cat /tmp/lego/out/junit.xml 2>/dev/null",
-                short,
-            )
-            .await?
-            .stdout;
-        let log = self
-            .engine
-            .exec(
-                &id,
-                "root",
-                "/",
-                &[],
-                "tail -c 200000 /tmp/lego/out/test.log",
-                short,
-            )
-            .await?
-            .stdout;
-        let junit = grade::pytest::parse_junit(&junit, test_files);
-        // With the result channel, the stream decides and junit.xml must agree with it; the exit
-        // code is pytest's own as the plugin saw it (the shell's, which code under test can force
-        // with `os._exit`, only when the session never finished).
-        let (statuses, resolve_exit) = if channel {
-            let text = self
-                .engine
-                .exec(
-                    &id,
-                    "root",
-                    "/",
-                    &[],
-                    &format!("head -c 16000000 {RESULTS}/stream"),
-                    short,
-                )
-                .await?
-                .stdout;
-            let stream = channel::parse(&text);
-            let graded: Vec<String> = self
-                .task
-                .fail_to_pass
-                .iter()
-                .chain(&self.task.pass_to_pass)
-                .cloned()
-                .collect();
-            if let Some(event) = channel::tampering(&stream, junit.as_ref(), &graded) {
-                self.audit.push(event.clone());
-                let (reward, mut result) = tampered(&[event]);
-                result.apply = apply;
-                result.exit_code = exit_code;
-                return Ok((reward, result));
-            }
-            (stream.statuses, stream.exit_status.or(exit_code))
-        } else {
-            (junit.unwrap_or_else(|| grade::pytest::parse_log(&log)), exit_code)
-        };
-        let verdict = grade::swebench::resolve(
-            &statuses,
-            &self.task.fail_to_pass,
-            &self.task.pass_to_pass,
-            resolve_exit,
-        );
-        let mut log_tail = tail_bytes(&log, 4000);
-        if let Some(note) = &verdict.note {
-            log_tail = format!("{note}\n{log_tail}");
-        }
-        let reward = if apply.as_deref() == Some("failed") {
-            0.0
-        } else {
-            verdict.reward
-        };
-        Ok((
-            reward,
-            GraderResult {
-                tests: statuses,
-                exit_code,
-                apply,
-                log_path: None,
-                log_tail: Some(log_tail),
-                reason: None,
-            },
-        ))
     }
 
     /// The task's `[verifier] user` (Harbor's task.toml, kept in the task's metadata).
@@ -587,6 +329,6 @@ impl Trial {
 }
 
 /// The value after the first line starting with `prefix`.
-fn marker<'a>(stdout: &'a str, prefix: &str) -> Option<&'a str> {
+pub(super) fn marker<'a>(stdout: &'a str, prefix: &str) -> Option<&'a str> {
     stdout.lines().find_map(|l| l.strip_prefix(prefix))
 }

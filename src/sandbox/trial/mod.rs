@@ -55,6 +55,7 @@ mod revert;
 mod setup;
 mod signals;
 mod stop;
+mod swe_grader;
 
 pub use defence::Defence;
 pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};
