@@ -1,4 +1,9 @@
-//! Small statistics for step metrics: Pearson correlation, median, mean/std.
+//! Step metrics: the [`StepMetrics`] record of a step from its batch and results, and the small
+//! statistics it uses (Pearson correlation, median, mean/std).
+
+use crate::records::{Record, Sample, StepMetrics};
+
+use super::batch::Batch;
 
 /// Pearson correlation; `None` with fewer than 2 points or zero variance.
 pub fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
@@ -38,6 +43,100 @@ pub fn mean_std(v: &[f64]) -> Option<(f64, f64)> {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64;
     Some((m, var.sqrt()))
+}
+
+/// Results of the update loop that go into the metrics.
+pub(super) struct Finished {
+    pub losses: Vec<f64>,
+    pub ratios: Vec<f64>,
+    pub clipped: usize,
+    pub grad_norms: Vec<f64>,
+    pub lr: f64,
+    pub elapsed: f64,
+}
+
+/// The metrics of the step that followed policy version `prev` (π_old log-probs `old`).
+pub(super) fn step_metrics(
+    prev: u64,
+    samples: &[Sample],
+    batch: &Batch,
+    old: &[Vec<f64>],
+    entropy: Option<f64>,
+    overlap: (i64, i64),
+    f: Finished,
+) -> StepMetrics {
+    let valid: Vec<&super::batch::Traj> = batch.trajs.iter().filter(|t| t.weight > 0.0).collect();
+    let rewards: Vec<f64> = valid.iter().map(|t| t.reward).collect();
+    let (mut ro, mut tr, mut seq_r) = (Vec::new(), Vec::new(), Vec::new());
+    for (seq, lp) in batch.seqs.iter().zip(old) {
+        let r: Vec<f64> = seq.rollout_lp.iter().map(|&x| x as f64).collect();
+        if let Some(p) = pearson(&r, lp) {
+            seq_r.push(p);
+        }
+        ro.extend(r);
+        tr.extend_from_slice(lp);
+    }
+    let max_abs = ro
+        .iter()
+        .zip(&tr)
+        .map(|(a, b)| (a - b).abs())
+        .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
+    let kl = (!ro.is_empty()).then(|| {
+        ro.iter()
+            .zip(&tr)
+            .map(|(r, t)| {
+                let lr = t - r;
+                lr.exp() - 1.0 - lr
+            })
+            .sum::<f64>()
+            / ro.len() as f64
+    });
+    let staleness = batch.staleness_histogram(prev);
+    let stale_tokens: u64 = staleness.iter().sum();
+    let total_tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let (rm, rs) = mean_std(&rewards).unzip();
+    StepMetrics {
+        schema: StepMetrics::SCHEMA.to_string(),
+        step: prev + 1,
+        loss: mean(&f.losses).unwrap_or(0.0),
+        lr: f.lr,
+        ratio_mean: mean(&f.ratios),
+        ratio_min: f.ratios.iter().copied().reduce(f64::min),
+        ratio_max: f.ratios.iter().copied().reduce(f64::max),
+        clip_fraction: (!f.ratios.is_empty()).then(|| f.clipped as f64 / f.ratios.len() as f64),
+        grad_norm: f.grad_norms.iter().copied().reduce(f64::max),
+        entropy,
+        reward_mean: rm,
+        reward_std: rs,
+        zero_variance_group_fraction: (!batch.groups.is_empty())
+            .then(|| batch.zero_variance_groups as f64 / batch.groups.len() as f64),
+        groups: batch.groups.len() as u64,
+        valid_trajectories: valid.len() as u64,
+        infra_failed_trajectories: (batch.trajs.len() - valid.len()) as u64,
+        samples: samples.len() as u64,
+        policy_tokens: ro.len() as u64,
+        tokens_per_second: (f.elapsed > 0.0).then(|| total_tokens as f64 / f.elapsed),
+        logprob_pearson: pearson(&ro, &tr),
+        logprob_pearson_seq_median: median(seq_r),
+        logprob_max_abs_diff: max_abs,
+        logprob_kl: kl,
+        expert_overlap: (overlap.1 > 0).then(|| overlap.0 as f64 / overlap.1 as f64),
+        routing_replay: None,
+        staleness_mean: (stale_tokens > 0).then(|| {
+            staleness
+                .iter()
+                .enumerate()
+                .map(|(s, &n)| s as f64 * n as f64)
+                .sum::<f64>()
+                / stale_tokens as f64
+        }),
+        staleness_max: staleness.iter().rposition(|&n| n > 0).map(|s| s as u64),
+        staleness_histogram: staleness,
+        seconds: Some(f.elapsed),
+        extra: Default::default(),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,11 @@ use tch::{Kind, Tensor};
 
 use crate::model::sampled::Processing;
 use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
-use crate::records::{Record, Sample, StepMetrics};
+use crate::records::{Sample, StepMetrics};
 
 use super::batch::{micro_batches, processing, Batch, Seq};
 use super::groups::ParamGroup;
 use super::gspo::{accumulate, coefficients, LossKind, TrajTerm};
-use super::metrics::{mean_std, median, pearson};
 use super::optim::{AdamW, AdamWConfig};
 use super::shard::{combine_per_seq, shard, sum_scalars};
 use super::state::SavedState;
@@ -384,24 +383,7 @@ impl Trainer {
                     &format!("log-probs before update {}", u + 1),
                 )?
             };
-            let mut terms: Vec<TrajTerm> = batch
-                .trajs
-                .iter()
-                .map(|t| TrajTerm {
-                    advantage: t.advantage,
-                    weight: t.weight,
-                    contributes: false,
-                    tokens: 0,
-                    logratio_sum: 0.0,
-                    logprob_sum: 0.0,
-                })
-                .collect();
-            for (ti, t) in batch.trajs.iter().enumerate() {
-                terms[ti].contributes = t.contributes && in_chunk[ti];
-                if !in_chunk[ti] {
-                    terms[ti].weight = 0.0;
-                }
-            }
+            let mut terms = terms_of(&batch, &in_chunk);
             for &i in &idx {
                 accumulate(&mut terms[batch.seqs[i].traj], &cur[i], &old[i], &is_weights[i]);
             }
@@ -431,51 +413,7 @@ impl Trainer {
                 let mut p = p.shallow_clone();
                 p.zero_grad();
             }
-            // Micro-batches whose tokens all have coefficient 0 carry no gradient: skipped (under
-            // expert parallelism they become idle rounds, since the others' tokens may still
-            // need this rank's experts).
-            let work: Vec<(Vec<usize>, Vec<f64>)> = micro_batches(&batch.seqs, &my_idx, budget)
-                .into_iter()
-                .map(|mb| {
-                    let coef = mb
-                        .iter()
-                        .flat_map(|&i| {
-                            let c = obj.coef[batch.seqs[i].traj];
-                            is_weights[i].iter().map(move |w| c * w)
-                        })
-                        .collect::<Vec<f64>>();
-                    (mb, coef)
-                })
-                .filter(|(_, coef)| coef.iter().any(|&c| c != 0.0))
-                .collect();
-            for round in self.rounds(work)? {
-                let Some((mb, coef)) = round else {
-                    self.idle_round(true, s)?;
-                    continue;
-                };
-                let coef = Tensor::from_slice(&coef)
-                    .to_device(self.model.device())
-                    .to_kind(Kind::Float);
-                let inp = self.inputs(&batch, &mb, s.replay);
-                let lm = &self.model.lm;
-                let head = |hidden: &Tensor| {
-                    lm.backward_logprobs(
-                        hidden,
-                        &inp.at,
-                        &inp.next,
-                        &coef,
-                        s.logprob_chunk,
-                        inp.proc.as_ref(),
-                    )
-                };
-                let done = if s.activation_checkpointing {
-                    lm.backward_checkpointed(&inp.forward_input(), head)
-                } else {
-                    head(&lm.forward(&inp.forward_input(), None).hidden)
-                };
-                let _lp = done.map_err(|e| self.torch_or_expert(e))?;
-                self.check_exchanges()?;
-            }
+            self.backward(&batch, &my_idx, &obj.coef, &is_weights, s)?;
             let up = self.sync_and_update(&params, s, pg)?;
             grad_norms.push(up.norm);
             lr_used = Some(up.lr);
@@ -487,13 +425,22 @@ impl Trainer {
             );
         }
         let elapsed = started.elapsed().as_secs_f64();
-        let mut m = self.finish_metrics(
+        let prev = self.info.policy_version;
+        self.info = CheckpointInfo {
+            policy_version: prev + 1,
+            optimizer_steps: self.opt.steps,
+            parent_checkpoint: self.source.clone(),
+            samples_consumed: self.info.samples_consumed + samples.len() as u64,
+            samples_this_step: samples.len() as u64,
+        };
+        let mut m = super::metrics::step_metrics(
+            prev,
             samples,
             &batch,
             &old,
             entropy,
             overlap,
-            Finished {
+            super::metrics::Finished {
                 losses,
                 ratios,
                 clipped,
@@ -516,95 +463,63 @@ impl Trainer {
         Ok(m)
     }
 
-    fn finish_metrics(
-        &mut self,
-        samples: &[Sample],
+    /// Backpropagates Σ c_t·log π_θ(t) of this rank's sequences `my_idx` into the accumulated
+    /// gradient, micro-batch by micro-batch (`coef`: per trajectory; `is_weights`: per token).
+    fn backward(
+        &self,
         batch: &Batch,
-        old: &[Vec<f64>],
-        entropy: Option<f64>,
-        overlap: (i64, i64),
-        f: Finished,
-    ) -> StepMetrics {
-        let prev = self.info.policy_version;
-        self.info = CheckpointInfo {
-            policy_version: prev + 1,
-            optimizer_steps: self.opt.steps,
-            parent_checkpoint: self.source.clone(),
-            samples_consumed: self.info.samples_consumed + samples.len() as u64,
-            samples_this_step: samples.len() as u64,
-        };
-        let valid: Vec<&super::batch::Traj> = batch.trajs.iter().filter(|t| t.weight > 0.0).collect();
-        let rewards: Vec<f64> = valid.iter().map(|t| t.reward).collect();
-        let (mut ro, mut tr, mut seq_r) = (Vec::new(), Vec::new(), Vec::new());
-        for (seq, lp) in batch.seqs.iter().zip(old) {
-            let r: Vec<f64> = seq.rollout_lp.iter().map(|&x| x as f64).collect();
-            if let Some(p) = pearson(&r, lp) {
-                seq_r.push(p);
-            }
-            ro.extend(r);
-            tr.extend_from_slice(lp);
-        }
-        let max_abs = ro
-            .iter()
-            .zip(&tr)
-            .map(|(a, b)| (a - b).abs())
-            .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
-        let kl = (!ro.is_empty()).then(|| {
-            ro.iter()
-                .zip(&tr)
-                .map(|(r, t)| {
-                    let lr = t - r;
-                    lr.exp() - 1.0 - lr
-                })
-                .sum::<f64>()
-                / ro.len() as f64
-        });
-        let staleness = batch.staleness_histogram(prev);
-        let stale_tokens: u64 = staleness.iter().sum();
-        let total_tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
-        let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-        let (rm, rs) = mean_std(&rewards).unzip();
-        StepMetrics {
-            schema: StepMetrics::SCHEMA.to_string(),
-            step: prev + 1,
-            loss: mean(&f.losses).unwrap_or(0.0),
-            lr: f.lr,
-            ratio_mean: mean(&f.ratios),
-            ratio_min: f.ratios.iter().copied().reduce(f64::min),
-            ratio_max: f.ratios.iter().copied().reduce(f64::max),
-            clip_fraction: (!f.ratios.is_empty()).then(|| f.clipped as f64 / f.ratios.len() as f64),
-            grad_norm: f.grad_norms.iter().copied().reduce(f64::max),
-            entropy,
-            reward_mean: rm,
-            reward_std: rs,
-            zero_variance_group_fraction: (!batch.groups.is_empty())
-                .then(|| batch.zero_variance_groups as f64 / batch.groups.len() as f64),
-            groups: batch.groups.len() as u64,
-            valid_trajectories: valid.len() as u64,
-            infra_failed_trajectories: (batch.trajs.len() - valid.len()) as u64,
-            samples: samples.len() as u64,
-            policy_tokens: ro.len() as u64,
-            tokens_per_second: (f.elapsed > 0.0).then(|| total_tokens as f64 / f.elapsed),
-            logprob_pearson: pearson(&ro, &tr),
-            logprob_pearson_seq_median: median(seq_r),
-            logprob_max_abs_diff: max_abs,
-            logprob_kl: kl,
-            expert_overlap: (overlap.1 > 0).then(|| overlap.0 as f64 / overlap.1 as f64),
-            routing_replay: None,
-            staleness_mean: (stale_tokens > 0).then(|| {
-                staleness
+        my_idx: &[usize],
+        coef_of: &[f64],
+        is_weights: &[Vec<f64>],
+        s: &Settings,
+    ) -> Result<(), TrainError> {
+        let budget = s.micro_batch_tokens.max(1);
+        // Micro-batches whose tokens all have coefficient 0 carry no gradient: skipped (under
+        // expert parallelism they become idle rounds, since the others' tokens may still
+        // need this rank's experts).
+        let work: Vec<(Vec<usize>, Vec<f64>)> = micro_batches(&batch.seqs, my_idx, budget)
+            .into_iter()
+            .map(|mb| {
+                let coef = mb
                     .iter()
-                    .enumerate()
-                    .map(|(s, &n)| s as f64 * n as f64)
-                    .sum::<f64>()
-                    / stale_tokens as f64
-            }),
-            staleness_max: staleness.iter().rposition(|&n| n > 0).map(|s| s as u64),
-            staleness_histogram: staleness,
-            seconds: Some(f.elapsed),
-            extra: Default::default(),
-            ..Default::default()
+                    .flat_map(|&i| {
+                        let c = coef_of[batch.seqs[i].traj];
+                        is_weights[i].iter().map(move |w| c * w)
+                    })
+                    .collect::<Vec<f64>>();
+                (mb, coef)
+            })
+            .filter(|(_, coef)| coef.iter().any(|&c| c != 0.0))
+            .collect();
+        for round in self.rounds(work)? {
+            let Some((mb, coef)) = round else {
+                self.idle_round(true, s)?;
+                continue;
+            };
+            let coef = Tensor::from_slice(&coef)
+                .to_device(self.model.device())
+                .to_kind(Kind::Float);
+            let inp = self.inputs(batch, &mb, s.replay);
+            let lm = &self.model.lm;
+            let head = |hidden: &Tensor| {
+                lm.backward_logprobs(
+                    hidden,
+                    &inp.at,
+                    &inp.next,
+                    &coef,
+                    s.logprob_chunk,
+                    inp.proc.as_ref(),
+                )
+            };
+            let done = if s.activation_checkpointing {
+                lm.backward_checkpointed(&inp.forward_input(), head)
+            } else {
+                head(&lm.forward(&inp.forward_input(), None).hidden)
+            };
+            let _lp = done.map_err(|e| self.torch_or_expert(e))?;
+            self.check_exchanges()?;
         }
+        Ok(())
     }
 }
 
@@ -612,12 +527,26 @@ impl Trainer {
 /// (Σ entropy, count) of the sampled positions, and (equal, compared) expert sets.
 type Scored = (Vec<Vec<f64>>, (f64, f64), (i64, i64));
 
-/// Results of the update loop that go into the metrics.
-struct Finished {
-    losses: Vec<f64>,
-    ratios: Vec<f64>,
-    clipped: usize,
-    grad_norms: Vec<f64>,
-    lr: f64,
-    elapsed: f64,
+/// The objective's per-trajectory terms of one update: the trajectories of `in_chunk` contribute
+/// (if they can), the others weigh nothing.
+fn terms_of(batch: &Batch, in_chunk: &[bool]) -> Vec<TrajTerm> {
+    let mut terms: Vec<TrajTerm> = batch
+        .trajs
+        .iter()
+        .map(|t| TrajTerm {
+            advantage: t.advantage,
+            weight: t.weight,
+            contributes: false,
+            tokens: 0,
+            logratio_sum: 0.0,
+            logprob_sum: 0.0,
+        })
+        .collect();
+    for (ti, t) in batch.trajs.iter().enumerate() {
+        terms[ti].contributes = t.contributes && in_chunk[ti];
+        if !in_chunk[ti] {
+            terms[ti].weight = 0.0;
+        }
+    }
+    terms
 }
