@@ -23,7 +23,9 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   trajectories/, samples/, align-stats/, metrics and validation files, checks cross-file
 ///   consistency (every sample's trajectory exists, group sizes, policy versions never decrease
 ///   within a file or trajectory) and judges the gates (latest step, or every step with
-///   `--all-steps`). Prints a table (or `--json`) and appends a validation-report record to
+///   `--all-steps`). A run that mixes harnesses also gets a table per step and harness (reward,
+///   infra failures, mixed groups, dropped turns and tokens, log-prob Pearson, terminations,
+///   audit kinds), and the report keeps the latest step's in `checks.by_harness`. Prints a table (or `--json`) and appends a validation-report record to
 ///   RUN_DIR/validation.jsonl.zst (or `--report-out`; `--no-report` to skip). Exit 0 when every
 ///   gate passes, 1 when one fails, 2 on an unreadable or bad record (named by file and record).
 ///
@@ -141,6 +143,7 @@ pub fn run(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         if !args.json {
             print_gates(&mut out, &verdict.report.gates)?;
             print_steps(&mut out, &verdict.health)?;
+            crate::validate::by_harness::print(&mut out, &verdict.health.harnesses)?;
         }
         json.insert("health".into(), serde_json::to_value(&verdict.health)?);
         report = Some(verdict.report);

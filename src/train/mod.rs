@@ -4,6 +4,7 @@
 //!
 //! - [`gspo`]: the objective and group-relative advantages (pure math, hand-checked).
 //! - [`batch`]: sample validation, trajectories, groups, micro-batching.
+//! - [`harness_metrics`]: the step's figures split by harness (`StepMetrics::by_harness`).
 //! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
 //! - [`shard`], [`zero`]: the same step on many ranks (data parallel; ZeRO-1 optimizer state).
@@ -14,6 +15,7 @@ pub mod batch;
 pub mod correction;
 pub mod expert;
 pub mod gspo;
+pub mod harness_metrics;
 pub mod metrics;
 pub mod optim;
 pub mod plan;
