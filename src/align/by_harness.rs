@@ -16,7 +16,8 @@ pub const HARNESS: &str = "harness";
 pub fn tag(st: &mut AlignStats, samples: &mut [Sample], t: &Trajectory) {
     st.harness = Some(t.harness.clone());
     for s in samples {
-        s.metadata.insert(HARNESS.into(), Value::String(t.harness.clone()));
+        s.metadata
+            .insert(HARNESS.into(), Value::String(t.harness.clone()));
     }
 }
 

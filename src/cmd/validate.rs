@@ -23,11 +23,12 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   trajectories/, samples/, align-stats/, metrics and validation files, checks cross-file
 ///   consistency (every sample's trajectory exists, group sizes, policy versions never decrease
 ///   within a file or trajectory) and judges the gates (latest step, or every step with
-///   `--all-steps`). A run that mixes harnesses also gets a table per step and harness (reward,
-///   infra failures, mixed groups, dropped turns and tokens, log-prob Pearson, terminations,
-///   audit kinds), and the report keeps the latest step's in `checks.by_harness`. Prints a table (or `--json`) and appends a validation-report record to
+///   `--all-steps`). Prints a table (or `--json`) and appends a validation-report record to
 ///   RUN_DIR/validation.jsonl.zst (or `--report-out`; `--no-report` to skip). Exit 0 when every
 ///   gate passes, 1 when one fails, 2 on an unreadable or bad record (named by file and record).
+///   A run that mixes harnesses also gets a table per step and harness (reward, infra failures,
+///   mixed groups, dropped turns and tokens, the trainer's log-prob Pearson on that batch,
+///   terminations, audit kinds), and the record keeps the latest batch's in `checks.by_harness`.
 ///
 /// * `validate FILE...` — record checks: every record parses as its kind with a known schema.
 ///   Exit 0 when all are good, 1 when some records are bad, 2 when a file cannot be read to the

@@ -1,7 +1,7 @@
 //! The report's per-harness view of a mixed run (`rollout --harness` more than once):
 //! `harness_steps.csv`, one row per step and harness (reward, infra failures, mixed groups, align's
-//! dropped turns and tokens, train-step's log-prob Pearson and trained reward, terminations and
-//! audit kinds), from the rows `validate` computes too ([`crate::validate::by_harness`]). The page
+//! dropped turns and tokens, train-step's log-prob Pearson and trained reward on that batch,
+//! terminations and audit kinds), from the rows `validate` computes too ([`crate::validate::by_harness`]). The page
 //! draws them (reward and Pearson per harness over steps, and the table) when the run has more
 //! than one harness.
 

@@ -64,7 +64,12 @@ impl Assignment {
     /// The assignment over `names` (the adapters' names, in `--harness` order) for the run's
     /// `tasks`, then the pool's. A task whose `harness` field names none of them is an error under
     /// `task` with several harnesses (it names the task).
-    pub fn new(mix: HarnessMix, names: &[String], tasks: &[Task], pool: &[Task]) -> Result<Self, RolloutError> {
+    pub fn new(
+        mix: HarnessMix,
+        names: &[String],
+        tasks: &[Task],
+        pool: &[Task],
+    ) -> Result<Self, RolloutError> {
         let mut map: HashMap<String, (usize, Option<usize>)> = HashMap::new();
         for t in tasks.iter().chain(pool) {
             if map.contains_key(&t.id) {
@@ -149,7 +154,11 @@ pub(super) async fn runtime_binds(
 ) -> Result<Vec<String>, RolloutError> {
     let mut binds = Vec::with_capacity(harnesses.len());
     for h in harnesses {
-        binds.push(crate::sandbox::runtime::ensure_runtime(engine, h, base_image, cache_dir).await?.bind());
+        binds.push(
+            crate::sandbox::runtime::ensure_runtime(engine, h, base_image, cache_dir)
+                .await?
+                .bind(),
+        );
     }
     Ok(binds)
 }
@@ -187,9 +196,14 @@ mod tests {
     fn assigned(a: &Assignment, p: &[crate::rollout::GroupPlan]) -> Vec<(String, u64, u32, usize)> {
         p.iter()
             .flat_map(|g| {
-                g.samples
-                    .iter()
-                    .map(|&s| (g.task.id.clone(), g.group_id, s, a.harness(&g.task.id, g.group_id, s)))
+                g.samples.iter().map(|&s| {
+                    (
+                        g.task.id.clone(),
+                        g.group_id,
+                        s,
+                        a.harness(&g.task.id, g.group_id, s),
+                    )
+                })
             })
             .collect()
     }
@@ -203,10 +217,16 @@ mod tests {
         let by = |mix| Assignment::new(mix, &n, &ts, &[]).unwrap();
         // task: the field where set, else position mod H.
         let a = by(HarnessMix::Task);
-        assert_eq!([a.harness("a", 0, 0), a.harness("b", 0, 0), a.harness("c", 5, 1)], [0, 1, 0]);
+        assert_eq!(
+            [a.harness("a", 0, 0), a.harness("b", 0, 0), a.harness("c", 5, 1)],
+            [0, 1, 0]
+        );
         // round-robin: position only.
         let a = by(HarnessMix::RoundRobin);
-        assert_eq!([a.harness("a", 0, 1), a.harness("b", 3, 0), a.harness("c", 0, 0)], [0, 1, 0]);
+        assert_eq!(
+            [a.harness("a", 0, 1), a.harness("b", 3, 0), a.harness("c", 0, 0)],
+            [0, 1, 0]
+        );
         // group: one harness per group, rotating with the group id.
         let a = by(HarnessMix::Group);
         for s in 0..4 {
@@ -216,7 +236,10 @@ mod tests {
         }
         // sample: i mod H within every group.
         let a = by(HarnessMix::Sample);
-        assert_eq!((0..4).map(|s| a.harness("b", 7, s)).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        assert_eq!(
+            (0..4).map(|s| a.harness("b", 7, s)).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
         // One harness: everything on it, whatever the fields say.
         let one = Assignment::new(HarnessMix::Task, &n[..1], &ts, &[]).unwrap();
         assert!(ts.iter().all(|t| one.harness(&t.id, 3, 2) == 0));
@@ -229,8 +252,13 @@ mod tests {
     fn a_task_naming_an_unknown_harness_is_refused_by_name() {
         let mut ts = tasks(&["a", "b"]);
         ts[1].harness = Some("claude-code".into());
-        let e = Assignment::new(HarnessMix::Task, &names(), &ts, &[]).unwrap_err().to_string();
-        assert!(e.contains("task `b`") && e.contains("`harness`") && e.contains("claude-code"), "{e}");
+        let e = Assignment::new(HarnessMix::Task, &names(), &ts, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("task `b`") && e.contains("`harness`") && e.contains("claude-code"),
+            "{e}"
+        );
         // The field is only read by the `task` policy.
         assert!(Assignment::new(HarnessMix::Sample, &names(), &ts, &[]).is_ok());
     }
@@ -241,7 +269,12 @@ mod tests {
     fn a_resumed_run_assigns_the_missing_trials_as_the_full_run_does() {
         let ts = tasks(&["a", "b", "c"]);
         let n = names();
-        for mix in [HarnessMix::Task, HarnessMix::RoundRobin, HarnessMix::Group, HarnessMix::Sample] {
+        for mix in [
+            HarnessMix::Task,
+            HarnessMix::RoundRobin,
+            HarnessMix::Group,
+            HarnessMix::Sample,
+        ] {
             let full = assigned(
                 &Assignment::new(mix, &n, &ts, &[]).unwrap(),
                 &plan(&ts, 2, 10, 3, &BTreeSet::new()),
@@ -269,14 +302,13 @@ mod tests {
     fn forced_scripts_are_one_for_all_or_one_per_harness() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.json");
-        std::fs::write(
-            &p,
-            r#"{"schema": "lego-rl/forced/v1", "tasks": {"a": [["x"]]}}"#,
-        )
-        .unwrap();
+        std::fs::write(&p, r#"{"schema": "lego-rl/forced/v1", "tasks": {"a": [["x"]]}}"#).unwrap();
         assert_eq!(load_forced(&[], 2).unwrap().len(), 2);
         let all = load_forced(std::slice::from_ref(&p), 2).unwrap();
-        assert_eq!((all[0].script("a", 0), all[1].script("a", 0)), (&["x".to_string()][..], &["x".to_string()][..]));
+        assert_eq!(
+            (all[0].script("a", 0), all[1].script("a", 0)),
+            (&["x".to_string()][..], &["x".to_string()][..])
+        );
         assert_eq!(load_forced(&[p.clone(), p.clone()], 2).unwrap().len(), 2);
         let e = load_forced(&[p.clone(), p.clone()], 3).unwrap_err().to_string();
         assert!(e.contains("--forced is given 2 times for 3"), "{e}");

@@ -13,11 +13,7 @@ use crate::records::{HarnessStepMetrics, Sample};
 
 /// Pearson, largest |Δ| and mean k3 KL of rollout (`ro`) vs trainer (`tr`) log-probs.
 pub fn agreement(ro: &[f64], tr: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let max_abs = ro
-        .iter()
-        .zip(tr)
-        .map(|(a, b)| (a - b).abs())
-        .reduce(f64::max);
+    let max_abs = ro.iter().zip(tr).map(|(a, b)| (a - b).abs()).reduce(f64::max);
     let kl = (!ro.is_empty()).then(|| {
         ro.iter()
             .zip(tr)
@@ -31,7 +27,11 @@ pub fn agreement(ro: &[f64], tr: &[f64]) -> (Option<f64>, Option<f64>, Option<f6
 /// The step's figures per harness; empty when no sample names one. `samples[i]` is the sample of
 /// `batch.seqs[i]` and `old[i]` its trainer log-probs; samples without a harness count as
 /// `unknown`.
-pub fn by_harness(samples: &[Sample], batch: &Batch, old: &[Vec<f64>]) -> BTreeMap<String, HarnessStepMetrics> {
+pub fn by_harness(
+    samples: &[Sample],
+    batch: &Batch,
+    old: &[Vec<f64>],
+) -> BTreeMap<String, HarnessStepMetrics> {
     if samples.iter().all(|s| of_sample(s).is_none()) {
         return BTreeMap::new();
     }
@@ -79,7 +79,11 @@ pub fn by_harness(samples: &[Sample], batch: &Batch, old: &[Vec<f64>]) -> BTreeM
         let mine: Vec<usize> = (0..batch.trajs.len())
             .filter(|&t| traj_harness[t].as_deref() == Some(h.as_str()))
             .collect();
-        let valid: Vec<usize> = mine.iter().copied().filter(|&t| batch.trajs[t].weight > 0.0).collect();
+        let valid: Vec<usize> = mine
+            .iter()
+            .copied()
+            .filter(|&t| batch.trajs[t].weight > 0.0)
+            .collect();
         m.trajectories = mine.len() as u64;
         m.valid_trajectories = valid.len() as u64;
         m.infra_failed_trajectories = (mine.len() - valid.len()) as u64;
@@ -88,7 +92,10 @@ pub fn by_harness(samples: &[Sample], batch: &Batch, old: &[Vec<f64>]) -> BTreeM
         let adv: Vec<f64> = valid.iter().map(|&t| batch.trajs[t].advantage).collect();
         m.advantage_mean = mean_std(&adv).map(|(mean, _)| mean);
         for members in &batch.groups {
-            let hs: BTreeSet<&str> = members.iter().filter_map(|&t| traj_harness[t].as_deref()).collect();
+            let hs: BTreeSet<&str> = members
+                .iter()
+                .filter_map(|&t| traj_harness[t].as_deref())
+                .collect();
             if hs.contains(h.as_str()) {
                 m.groups += 1;
                 m.mixed_groups += u64::from(hs.len() > 1);
@@ -132,7 +139,14 @@ mod tests {
     }
 
     fn batch(samples: &[Sample]) -> Batch {
-        Batch::new(samples, &crate::model::Config::tiny(), 0, std::path::Path::new("x"), 1e-6).unwrap()
+        Batch::new(
+            samples,
+            &crate::model::Config::tiny(),
+            0,
+            std::path::Path::new("x"),
+            1e-6,
+        )
+        .unwrap()
     }
 
     /// One mixed group (a on mini, b on openhands) and one group of openhands only: rewards,
@@ -157,7 +171,10 @@ mod tests {
         let (mini, oh) = (&m["mini"], &m["oh"]);
         assert_eq!((mini.trajectories, mini.samples, mini.policy_tokens), (1, 1, 3));
         assert_eq!((oh.trajectories, oh.samples, oh.policy_tokens), (3, 3, 6));
-        assert_eq!((mini.groups, mini.mixed_groups, oh.groups, oh.mixed_groups), (1, 1, 2, 1));
+        assert_eq!(
+            (mini.groups, mini.mixed_groups, oh.groups, oh.mixed_groups),
+            (1, 1, 2, 1)
+        );
         assert_eq!((mini.reward_mean, oh.reward_mean), (Some(0.0), Some(1.0)));
         assert!(mini.advantage_mean.unwrap() < 0.0 && oh.advantage_mean.unwrap() > 0.0);
         assert_eq!(mini.logprob_max_abs_diff, Some(0.0));

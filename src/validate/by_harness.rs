@@ -35,8 +35,8 @@ pub struct HarnessRow {
     pub dropped_turns: u64,
     pub policy_tokens: u64,
     pub dropped_tokens: u64,
-    /// train-step's figures for this harness (the step whose `step` is this row's, as in the
-    /// report's steps.csv).
+    /// train-step's figures for this harness on this step's batch: the step-metrics record whose
+    /// `step` (the checkpoint it made) is one more than this row's.
     pub train: Option<HarnessStepMetrics>,
 }
 
@@ -136,11 +136,12 @@ impl ByHarness {
         Ok(())
     }
 
-    /// Adds train-step's per-harness figures.
+    /// Adds train-step's per-harness figures to the rows of the batch each step trained (batch
+    /// `s` makes checkpoint `s + 1`, the record's `step`).
     pub fn add_metrics(&mut self, metrics: &[StepMetrics]) {
         for m in metrics {
             for (h, hm) in &m.by_harness {
-                self.row(m.step, h).train = Some(hm.clone());
+                self.row(m.step.saturating_sub(1), h).train = Some(hm.clone());
             }
         }
     }
@@ -245,7 +246,7 @@ mod tests {
         b.add_align_stats(&[(Some(3), p)], ReadOptions::default(), 0)
             .unwrap();
         let mut m = StepMetrics {
-            step: 3,
+            step: 4,
             ..Default::default()
         };
         m.by_harness.insert(
@@ -262,7 +263,10 @@ mod tests {
         assert_eq!((mini.harness.as_str(), oh.harness.as_str()), ("mini", "oh"));
         assert_eq!((mini.reward_mean(), oh.reward_mean()), (Some(0.0), Some(1.0)));
         assert_eq!((oh.trajectories, oh.infra_rate()), (2, Some(0.5)));
-        assert_eq!((mini.groups, mini.mixed_groups, oh.groups, oh.mixed_groups), (1, 1, 2, 1));
+        assert_eq!(
+            (mini.groups, mini.mixed_groups, oh.groups, oh.mixed_groups),
+            (1, 1, 2, 1)
+        );
         assert_eq!(oh.terminations.get("infra:setup"), Some(&1));
         assert_eq!(oh.audit.get("git_history"), Some(&1));
         assert_eq!(mini.audit.get("git_history"), None);

@@ -140,11 +140,12 @@ pub fn validate_run(
     checks.insert("metrics".into(), h.metrics.len().into());
     checks.insert("steps".into(), h.steps.len().into());
     if by_harness::is_mixed(&h.harnesses) {
-        // The latest step's figures per harness (a mixed rollout).
+        // The latest batch's figures per harness (a mixed rollout).
+        let last = h.harnesses.iter().map(|r| r.step).max();
         let latest: serde_json::Map<String, serde_json::Value> = h
             .harnesses
             .iter()
-            .filter(|r| Some(r.step) == step)
+            .filter(|r| Some(r.step) == last)
             .map(|r| (r.harness.clone(), r.summary()))
             .collect();
         checks.insert("by_harness".into(), latest.into());

@@ -7,7 +7,7 @@
 //! by harness.
 
 use std::path::Path;
-use std::process::Command;
+
 use std::time::Instant;
 
 use lego_rl::io::{read_all, ReadOptions};
@@ -21,7 +21,7 @@ use crate::rollout::{chat_dir, fixture, leftovers, read, TASK};
 const MINI: &str = "mini-swe-agent";
 const OPENHANDS: &str = "openhands-sdk";
 
-fn run_ok(c: &mut Command, what: &str) -> std::process::Output {
+fn run_ok(c: &mut assert_cmd::Command, what: &str) -> std::process::Output {
     let started = Instant::now();
     let o = c.output().unwrap();
     eprintln!("{what}: {:.1} s", started.elapsed().as_secs_f64());
@@ -78,7 +78,17 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
         .arg(format!("embedded:{}", long_context_moe().display()))
         .arg("--chat-model")
         .arg(chat_dir())
-        .args(["--max-turns", "10", "--group-size", "2", "-j", "2", "--run-id", &run_id, "-o"])
+        .args([
+            "--max-turns",
+            "10",
+            "--group-size",
+            "2",
+            "-j",
+            "2",
+            "--run-id",
+            &run_id,
+            "-o",
+        ])
         .arg(&traj);
     run_ok(&mut rollout, "rollout of one group on two harnesses");
     assert_eq!(leftovers(&run_id), "", "sandboxes left behind");
@@ -91,7 +101,11 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
         .iter()
         .map(|t| (t.sample_index, t.harness.as_str(), t.group_id, t.reward))
         .collect();
-    assert_eq!(got, [(0, MINI, 0, Some(0.0)), (1, OPENHANDS, 0, Some(1.0))], "{trajs:#?}");
+    assert_eq!(
+        got,
+        [(0, MINI, 0, Some(0.0)), (1, OPENHANDS, 0, Some(1.0))],
+        "{trajs:#?}"
+    );
     assert_eq!(trajs[1].generations[0].api, "openai");
     assert!(
         trajs[1].generations[0].request["tools"]
@@ -99,8 +113,16 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
             .contains("\"terminal\""),
         "the OpenHands SDK's own tools"
     );
-    assert_eq!(trajs[0].metadata["agent_exit_status"], "Submitted", "{:?}", trajs[0].metadata);
-    assert_eq!(trajs[1].metadata["agent_exit_status"], "finished", "{:?}", trajs[1].metadata);
+    assert_eq!(
+        trajs[0].metadata["agent_exit_status"], "Submitted",
+        "{:?}",
+        trajs[0].metadata
+    );
+    assert_eq!(
+        trajs[1].metadata["agent_exit_status"], "finished",
+        "{:?}",
+        trajs[1].metadata
+    );
 
     // align: the stats name each trajectory's harness and the total splits by it; samples carry it.
     let samples_path = run.join("samples/step-000000.jsonl.zst");
@@ -123,7 +145,11 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
         let b = &total.by_harness[h];
         let own = stats.iter().find(|s| s.harness.as_deref() == Some(h)).unwrap();
         assert_eq!((b.trajectories, b.dropped_turns), (1, 0), "{h}: {b:?}");
-        assert_eq!((b.samples, b.policy_tokens), (own.samples, own.policy_tokens), "{h}");
+        assert_eq!(
+            (b.samples, b.policy_tokens),
+            (own.samples, own.policy_tokens),
+            "{h}"
+        );
         assert!(b.policy_tokens > 0, "{h}");
     }
     assert_eq!(
@@ -157,7 +183,10 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
     let (mini, oh) = (&m.by_harness[MINI], &m.by_harness[OPENHANDS]);
     assert_eq!((mini.trajectories, mini.reward_mean), (1, Some(0.0)), "{mini:?}");
     assert_eq!((oh.trajectories, oh.reward_mean), (1, Some(1.0)), "{oh:?}");
-    assert_eq!((mini.groups, mini.mixed_groups, oh.groups, oh.mixed_groups), (1, 1, 1, 1));
+    assert_eq!(
+        (mini.groups, mini.mixed_groups, oh.groups, oh.mixed_groups),
+        (1, 1, 1, 1)
+    );
     assert!(mini.advantage_mean.unwrap() < 0.0 && oh.advantage_mean.unwrap() > 0.0);
     assert_eq!(mini.policy_tokens + oh.policy_tokens, m.policy_tokens);
     assert_eq!(mini.samples + oh.samples, samples.len() as u64);
@@ -173,17 +202,29 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
     let mut validate = lego();
     validate.arg("validate").arg(&run).args(["--json", "--no-report"]);
     let o = validate.output().unwrap();
-    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        matches!(o.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let by = &v["report"]["checks"]["by_harness"];
     assert_eq!(by[MINI]["reward_mean"], 0.0, "{by}");
     assert_eq!(by[OPENHANDS]["reward_mean"], 1.0, "{by}");
     assert_eq!(by[OPENHANDS]["terminations"]["finished"], 1, "{by}");
     assert_eq!(by[MINI]["align_drop_rate"], 0.0, "{by}");
-    let o = lego().arg("validate").arg(&run).arg("--no-report").output().unwrap();
+    let o = lego()
+        .arg("validate")
+        .arg(&run)
+        .arg("--no-report")
+        .output()
+        .unwrap();
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
-        table.contains("HARNESS") && table.lines().any(|l| l.contains(OPENHANDS) && l.contains("finished=1")),
+        table.contains("HARNESS")
+            && table
+                .lines()
+                .any(|l| l.contains(OPENHANDS) && l.contains("finished=1")),
         "{table}"
     );
 
@@ -195,12 +236,19 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
     let csv = std::fs::read_to_string(out.join("harness_steps.csv")).unwrap();
     let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
     let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap();
-    let row = |h: &str| rows.iter().find(|r| r[col("harness")] == h).unwrap_or_else(|| panic!("{csv}"));
+    let row = |h: &str| {
+        rows.iter()
+            .find(|r| r[col("harness")] == h)
+            .unwrap_or_else(|| panic!("{csv}"))
+    };
     assert_eq!(rows.len(), 3, "{csv}");
     assert_eq!(row(MINI)[col("reward_mean")], "0", "{csv}");
     assert_eq!(row(OPENHANDS)[col("reward_mean")], "1", "{csv}");
     assert_eq!(row(MINI)[col("mixed_groups")], "1", "{csv}");
     assert_eq!(row(OPENHANDS)[col("dropped_turns")], "0", "{csv}");
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
-    assert!(html.contains("\"harness_steps\"") && html.contains(OPENHANDS), "page data");
+    assert!(
+        html.contains("\"harness_steps\"") && html.contains(OPENHANDS),
+        "page data"
+    );
 }

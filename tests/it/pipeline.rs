@@ -676,7 +676,8 @@ fn demo_honours_lego_rl_model() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
         err.contains("harnesses mini-swe-agent openhands-sdk (--harness-mix sample)")
-            && err.contains("--forced ") && err.contains("testdata/rollout/inflection.json --forced ")
+            && err.contains("--forced ")
+            && err.contains("testdata/rollout/inflection.json --forced ")
             && err.contains("testdata/rollout/inflection-openhands-sdk.json"),
         "{err}"
     );
