@@ -20,7 +20,10 @@
 # LEGO_RL_HARNESS (adapter file or name in examples/harnesses; several, comma-separated, mix them in
 # one run: LEGO_RL_HARNESS=mini-swe-agent,openhands-sdk, split by LEGO_RL_HARNESS_MIX, default
 # `sample`: each group half on one, half on the other; each harness gets its own scripted
-# continuations, testdata/rollout/inflection-<name>.json where there is one), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
+# continuations, testdata/rollout/inflection-<name>.json where there is one; harnesses with long
+# prompts, the OpenHands SDK and Claude Code, need a policy with more positions than the tiny
+# default's 4096: the tests serve a 40960-position view of the same weights; give such a folder as
+# LEGO_RL_MODEL), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
 # a generated tiny model's name — tiny-qwen3-moe (default), tiny-qwen3.5-moe, tiny-qwen3-next — or
 # an HF checkpoint folder), LEGO_RL_FORCED (the scripted continuations; default: the Qwen3.5 form,
 # a reasoning block and XML tool calls, when the model's chat template uses `<function=` calls,
