@@ -17,7 +17,13 @@
 # containers, grading, alignment, the GSPO step, gates, report — is the real pipeline.
 #
 # Environment: LEGO_RL_RUN (run directory), LEGO_RL_STEPS (training steps, default 2),
-# LEGO_RL_HARNESS (adapter file), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
+# LEGO_RL_HARNESS (adapter file or name in examples/harnesses; several, comma-separated, mix them in
+# one run: LEGO_RL_HARNESS=mini-swe-agent,openhands-sdk, split by LEGO_RL_HARNESS_MIX, default
+# `sample`: each group half on one, half on the other; each harness gets its own scripted
+# continuations, testdata/rollout/inflection-<name>.json where there is one; harnesses with long
+# prompts, the OpenHands SDK and Claude Code, need a policy with more positions than the tiny
+# default's 4096: the tests serve a 40960-position view of the same weights; give such a folder as
+# LEGO_RL_MODEL), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
 # a generated tiny model's name — tiny-qwen3-moe (default), tiny-qwen3.5-moe, tiny-qwen3-next — or
 # an HF checkpoint folder), LEGO_RL_FORCED (the scripted continuations; default: the Qwen3.5 form,
 # a reasoning block and XML tool calls, when the model's chat template uses `<function=` calls,
@@ -30,7 +36,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 lego="$root/target/release/lego-rl"
 run=${LEGO_RL_RUN:-$root/runs/demo}
 steps=${LEGO_RL_STEPS:-2}
-harness=${LEGO_RL_HARNESS:-$root/examples/harnesses/mini-swe-agent.toml}
+harness_list=${LEGO_RL_HARNESS:-$root/examples/harnesses/mini-swe-agent.toml}
+harness_mix=${LEGO_RL_HARNESS_MIX:-sample}
 group=${LEGO_RL_GROUP:-8}
 model=${LEGO_RL_MODEL:-tiny-qwen3-moe}
 say() { printf 'demo: %s\n' "$*" >&2; }
@@ -53,7 +60,24 @@ elif [ -f "$template" ] && grep -q '<function=' "$template"; then
 else
   forced="$root/testdata/rollout/inflection.json"
 fi
-say "model $checkpoint; scripted continuations $forced"
+# Each harness: an adapter file, or a name under examples/harnesses; its scripted continuations are
+# testdata/rollout/inflection-<name>.json where one exists (other harnesses speak other tool formats),
+# else the model's default above.
+harness_args=() forced_args=() names=()
+IFS=, read -ra items <<<"$harness_list"
+for h in "${items[@]}"; do
+  case $h in */*|*.toml) file=$h ;; *) file="$root/examples/harnesses/$h.toml" ;; esac
+  [ -f "$file" ] || die "LEGO_RL_HARNESS: no adapter $file"
+  name=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$file" | head -n1)
+  own="$root/testdata/rollout/inflection-$name.json"
+  f=$forced
+  # The per-harness scripts are in the Qwen3 form: only for a model that speaks it.
+  [ -z "${LEGO_RL_FORCED:-}" ] && [ "$forced" = "$root/testdata/rollout/inflection.json" ] && [ -f "$own" ] && f=$own
+  harness_args+=(--harness "$file") forced_args+=(--forced "$f") names+=("$name")
+done
+mix_args=""
+[ ${#names[@]} -eq 1 ] || mix_args="--harness-mix $harness_mix"
+say "model $checkpoint; harnesses ${names[*]}${mix_args:+ ($mix_args)}; scripted continuations ${forced_args[*]}"
 if [ "${1:-}" = --dry-run ]; then
   exit 0
 fi
@@ -69,7 +93,7 @@ say "filter-tasks: rules + decontamination of testdata/tasks"
 
 say "build-images: one content-addressed image per task and the harness runtime (cache hits after the first run)"
 "$lego" build-images -i "$run/tasks.kept.jsonl.zst" -o "$run/images.jsonl.zst" -j 2 \
-  --harness "$harness" --log-dir "$run/logs/build"
+  "${harness_args[@]}" --log-dir "$run/logs/build"
 
 say "validate: every file is well-formed"
 "$lego" validate "$run/tasks.kept.jsonl.zst" "$run/decisions.jsonl.zst" "$run/images.jsonl.zst"
@@ -82,7 +106,7 @@ zstd -dc "$run/tasks.kept.jsonl.zst" | jq -c --arg ids "$ids" 'select(.id as $i 
 say "loop: $steps steps of rollout (group of $group) → align → train-step → validate"
 "$root/scripts/loop.sh" --run "$run" --tasks "$run/tasks.train.jsonl.zst" --images "$run/images.jsonl.zst" \
   --checkpoint "$checkpoint" --steps "$steps" --group-size "$group" \
-  --harness "$harness" --rollout-args "--forced $forced --max-turns 6"
+  "${harness_args[@]}" --rollout-args "${forced_args[*]} $mix_args --max-turns 6"
 
 say "done; run directory: $run"
 say "report: $run/report/index.html (or: $lego report $run --serve)"

@@ -9,7 +9,9 @@
 #   --max-staleness S      a batch may be sampled by a policy at most S steps older than the one it
 #                          trains [1]; 0 = strictly alternating
 #   --sync                 same as --max-staleness 0 (rollout, then train, then rollout ...)
-#   --harness FILE         harness adapter [examples/harnesses/mini-swe-agent.toml]
+#   --harness FILE         harness adapter [examples/harnesses/mini-swe-agent.toml]; repeat it to mix
+#                          harnesses in one run (rollout's --harness-mix picks one per trial; pass it
+#                          and one --forced per harness in --rollout-args)
 #   --group-size G         trials per task [8]
 #   --tasks-per-step K     tasks (groups) per batch [1]
 #   --concurrency J        simultaneous trials [2]
@@ -42,7 +44,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 lego=${LEGO_RL_BIN:-$root/target/release/lego-rl}
 
 run="" tasks="" images="" checkpoint=""
-steps=2 staleness=1 harness="$root/examples/harnesses/mini-swe-agent.toml"
+steps=2 staleness=1 harnesses=()
 group_size=8 per_step=1 jobs=2 validate_every=1 rollout_args="" train_args=""
 min_informative="" max_extra="" refilter=""
 die() { printf 'loop: error: %s\n' "$*" >&2; exit 2; }
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --max-staleness) staleness=$2; shift 2 ;;
     --sync) staleness=0; shift ;;
-    --harness) harness=$2; shift 2 ;;
+    --harness) harnesses+=(--harness "$2"); shift 2 ;;
     --group-size) group_size=$2; shift 2 ;;
     --tasks-per-step) per_step=$2; shift 2 ;;
     --concurrency) jobs=$2; shift 2 ;;
@@ -73,6 +75,7 @@ done
 [ -n "$tasks" ] && [ -f "$tasks" ] || die "--tasks FILE is required and must exist"
 [ -n "$images" ] && [ -f "$images" ] || die "--images FILE is required and must exist"
 [ -x "$lego" ] || die "$lego not built (run scripts/setup.sh)"
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(--harness "$root/examples/harnesses/mini-swe-agent.toml")
 [ -z "$max_extra" ] || [ -n "$min_informative" ] || die "--max-extra-groups needs --min-informative-groups"
 if [ -n "$min_informative" ]; then
   [ -n "$max_extra" ] || max_extra=$((4 * min_informative))
@@ -153,7 +156,7 @@ rollout_loop() {
     say "rollout batch $s with $(basename "$ckpt")"
     # shellcheck disable=SC2086 # rollout_args is a word list by design
     "$lego" -q rollout -i "$run/logs/tasks-$(step_name "$s").jsonl.zst" --images "$images" \
-      --harness "$harness" --backend "embedded:$ckpt" --group-size "$group_size" -j "$jobs" \
+      "${harnesses[@]}" --backend "embedded:$ckpt" --group-size "$group_size" -j "$jobs" \
       --first-group $((s * group_stride)) "${dyn[@]}" -o "$traj" $rollout_args 2>>"$run/logs/rollout.log" || { say "rollout batch $s failed (logs/rollout.log)"; return 1; }
     touch "$traj.done"
   done

@@ -912,7 +912,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__rollout)
-            opts="-i -o -j -v -q -h -V --input --images --harness --backend --vllm-python --vllm-arg --vllm-ready-timeout --reload-tolerance --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --reload-in-flight --mode --temperature --harness-sampling --top-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --prefix-cache-bytes --min-informative-groups --max-extra-groups --task-pool --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --images --harness --harness-mix --backend --vllm-python --vllm-arg --vllm-ready-timeout --reload-tolerance --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --reload-in-flight --mode --temperature --harness-sampling --top-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --prefix-cache-bytes --min-informative-groups --max-extra-groups --task-pool --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -932,6 +932,10 @@ _lego__rl() {
                     ;;
                 --harness)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --harness-mix)
+                    COMPREPLY=($(compgen -W "task round-robin group sample" -- "${cur}"))
                     return 0
                     ;;
                 --backend)

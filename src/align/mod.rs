@@ -17,6 +17,7 @@
 //! The work is a pure function of the input: trajectories are aligned in parallel (rayon, `-j`)
 //! in chunks and written in input order, so output is byte-identical for any thread count.
 
+pub mod by_harness;
 pub mod messages;
 pub mod trajectory;
 
@@ -241,10 +242,12 @@ fn run_in_pool(
                         record: *rec,
                         source: Box::new(e),
                     };
-                    if t.is_uninformative() {
-                        return Ok((Vec::new(), skipped(t)));
-                    }
-                    let (samples, st) = align_trajectory(t, settings).map_err(in_record)?;
+                    let (mut samples, mut st) = if t.is_uninformative() {
+                        (Vec::new(), skipped(t))
+                    } else {
+                        align_trajectory(t, settings).map_err(in_record)?
+                    };
+                    by_harness::tag(&mut st, &mut samples, t);
                     let mut lines = Vec::new();
                     for sample in &samples {
                         serde_json::to_writer(&mut lines, sample).map_err(|e| {
@@ -259,6 +262,7 @@ fn run_in_pool(
                 let (lines, st) = a?;
                 out.write_raw(&lines)?;
                 add_stats(&mut total, &st);
+                by_harness::add(&mut total, &st);
                 if let Some(w) = stats_out.as_mut() {
                     w.write(&st)?;
                 }

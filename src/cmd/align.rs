@@ -18,7 +18,9 @@ use crate::settings::GlobalArgs;
 /// history starts one) each give their own samples; a generation shared by several segments is
 /// trained once. Output is in input order and identical for every `-j`. Trajectories of groups
 /// that `rollout --min-informative-groups` marked uninformative (no reward variance) are skipped
-/// and counted (`skipped_uninformative` in the stats).
+/// and counted (`skipped_uninformative` in the stats). Each trajectory's stats record names its
+/// harness, the total splits every count by harness (`by_harness`), and each sample carries its
+/// trajectory's harness in `metadata.harness` (train-step splits its figures by it).
 ///
 /// Example:
 ///   lego-rl align -i run/trajectories/step-000000.jsonl.zst -o run/samples/step-000000.jsonl.zst \
@@ -83,5 +85,18 @@ pub fn run(args: AlignArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         skipped_uninformative = total.skipped_uninformative,
         "aligned"
     );
+    if total.by_harness.len() > 1 {
+        for (harness, h) in &total.by_harness {
+            tracing::info!(
+                harness = harness.as_str(),
+                trajectories = h.trajectories,
+                samples = h.samples,
+                aligned_turns = h.aligned_turns,
+                dropped_turns = h.dropped_turns,
+                dropped_tokens = h.dropped_tokens,
+                "aligned, by harness"
+            );
+        }
+    }
     Ok(Outcome::Ok)
 }

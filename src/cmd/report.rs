@@ -26,7 +26,9 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///
 /// Static mode (`-o OUT`) writes OUT/index.html — one self-contained file (inline CSS, JS and
 /// SVG plots; no network) — and OUT/steps.csv, staleness.csv, tasks.csv, harnesses.csv,
-/// terminations.csv.
+/// terminations.csv, harness_steps.csv (per step and harness: reward, infra failures, mixed
+/// groups, align's dropped turns and tokens, train-step's log-prob Pearson on that batch,
+/// terminations, audit kinds; a run that mixes harnesses also gets them drawn on the page).
 /// The page embeds summaries of every step and the full detail (messages, tool calls and
 /// outputs, grader, stages, per-token log-prob differences) of at most `--max-trajectories`
 /// trajectories, spread over the trajectory files. Open one with `index.html#traj=<id>`.

@@ -9,7 +9,7 @@ use clap::Args;
 use super::Outcome;
 use crate::proxy::HarnessSampling;
 use crate::records::Sampling;
-use crate::rollout::{BackendSpec, RolloutConfig, Shard};
+use crate::rollout::{BackendSpec, HarnessMix, RolloutConfig, Shard};
 use crate::sandbox::DEFAULT_BASE_IMAGE;
 use crate::settings::GlobalArgs;
 
@@ -32,6 +32,12 @@ use crate::settings::GlobalArgs;
 /// --forced FILE gives scripted model outputs per task (format `lego-rl/forced/v1`, see
 /// lego-rl-formats(5)): tests and the demo drive real harnesses with a tiny model this way.
 ///
+/// Several harnesses in one run: give --harness more than once, and --harness-mix says which
+/// one runs each trial (per task, per group or per sample). The assignment is a function of the
+/// flags and the (task, group, sample) alone, so a rerun after a crash runs each missing trial on
+/// the harness the first run would have used. Every trajectory records the harness that ran it,
+/// and align, train-step, validate and report split their figures by it.
+///
 /// Example:
 ///   lego-rl rollout -i run/tasks.kept.jsonl.zst --images run/images.jsonl.zst \
 ///       --harness examples/harnesses/mini-swe-agent.toml \
@@ -46,9 +52,19 @@ pub struct RolloutArgs {
     /// Image manifest from build-images; tasks without a usable image are skipped and counted.
     #[arg(long)]
     pub images: PathBuf,
-    /// Harness adapter (examples/harnesses/*.toml).
-    #[arg(long)]
-    pub harness: PathBuf,
+    /// Harness adapter (examples/harnesses/*.toml). Repeat it to mix harnesses in one run
+    /// (each adapter once; see --harness-mix).
+    #[arg(long, required = true)]
+    pub harness: Vec<PathBuf>,
+    /// With several --harness, which one runs each trial: `task` (the task record's `harness`
+    /// field names the adapter; tasks without it go round robin by position), `round-robin` (the
+    /// task at position p on harness p mod H), `group` (every trial of a group on one harness,
+    /// (p + group id) mod H, so a task's epochs rotate) or `sample` (sample i of every group on
+    /// harness i mod H: a mixed group; GSPO's advantage is still taken within the group, so the
+    /// harnesses' trials of one task are compared with each other). Positions count the run's
+    /// tasks in input order, then the --task-pool's others. Ignored with one harness.
+    #[arg(long, value_enum, default_value = "task")]
+    pub harness_mix: HarnessMix,
     /// embedded:CKPT_DIR, vllm:URL, vllm-serve:CKPT_DIR or sglang:URL. vllm-serve starts a vLLM
     /// server on the checkpoint itself (--vllm-python), logs it beside the output (X.vllm.log),
     /// restarts it when it dies, verifies every --follow reload against the checkpoint and stops
@@ -144,9 +160,10 @@ pub struct RolloutArgs {
     /// answer by compacting; a trial whose last request was refused ends `context_limit`.
     #[arg(long, value_name = "TOKENS")]
     pub max_context: Option<usize>,
-    /// Scripted model outputs per task (JSON, lego-rl/forced/v1).
+    /// Scripted model outputs per task (JSON, lego-rl/forced/v1). With several --harness, give it
+    /// once (for all) or once per harness in the same order (harnesses differ in tool formats).
     #[arg(long)]
-    pub forced: Option<PathBuf>,
+    pub forced: Vec<PathBuf>,
     /// Labels the run's sandboxes (default: derived from the output path, so a rerun removes what
     /// a killed run left behind).
     #[arg(long)]
@@ -228,7 +245,8 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     let cfg = RolloutConfig {
         tasks: args.input,
         images: args.images,
-        harness: args.harness,
+        harnesses: args.harness,
+        harness_mix: args.harness_mix,
         backend: args.backend,
         chat_model: args.chat_model,
         output: args.output.clone(),

@@ -24,6 +24,9 @@ use crate::units::parse_bytes;
 /// sequence-level GSPO loss with group-relative advantages, and writes a new Hugging Face
 /// checkpoint (plus optimizer state and lego-rl.json, so the next step resumes exactly) and
 /// appends one step-metrics record. Nothing is written to --out unless the step succeeds.
+/// Samples of a mixed rollout (align writes each one's harness into `metadata.harness`) get the
+/// step's figures per harness too (`by_harness`: trajectories, reward, mean advantage, log-prob
+/// agreement, mixed groups); the GSPO advantage stays within each (task, group).
 ///
 /// Many ranks (data parallel, the same update as one process on the whole batch): start N local
 /// ranks with --nproc-per-node N, or start one process per GPU with torchrun or srun (RANK,
@@ -403,6 +406,19 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
         tokens_per_second = metrics.tokens_per_second,
         "train-step done"
     );
+    if metrics.by_harness.len() > 1 {
+        for (harness, h) in &metrics.by_harness {
+            tracing::info!(
+                harness = harness.as_str(),
+                trajectories = h.trajectories,
+                reward_mean = h.reward_mean,
+                advantage_mean = h.advantage_mean,
+                logprob_pearson = h.logprob_pearson,
+                mixed_groups = h.mixed_groups,
+                "train-step, by harness"
+            );
+        }
+    }
     if let Some(path) = &args.metrics {
         let (mut w, _) = AppendWriter::open(path)?;
         w.push(&metrics)?;

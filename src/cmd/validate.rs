@@ -26,6 +26,9 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   `--all-steps`). Prints a table (or `--json`) and appends a validation-report record to
 ///   RUN_DIR/validation.jsonl.zst (or `--report-out`; `--no-report` to skip). Exit 0 when every
 ///   gate passes, 1 when one fails, 2 on an unreadable or bad record (named by file and record).
+///   A run that mixes harnesses also gets a table per step and harness (reward, infra failures,
+///   mixed groups, dropped turns and tokens, the trainer's log-prob Pearson on that batch,
+///   terminations, audit kinds), and the record keeps the latest batch's in `checks.by_harness`.
 ///
 /// * `validate FILE...` — record checks: every record parses as its kind with a known schema.
 ///   Exit 0 when all are good, 1 when some records are bad, 2 when a file cannot be read to the
@@ -141,6 +144,7 @@ pub fn run(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         if !args.json {
             print_gates(&mut out, &verdict.report.gates)?;
             print_steps(&mut out, &verdict.health)?;
+            crate::validate::by_harness::print(&mut out, &verdict.health.harnesses)?;
         }
         json.insert("health".into(), serde_json::to_value(&verdict.health)?);
         report = Some(verdict.report);

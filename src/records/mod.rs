@@ -22,7 +22,7 @@ pub use trajectory::{
     Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,
     MALFORMED_TOOL_CALLS, REPLAYS, ROUTING_MISSING, SAMPLING_OVERRIDES, TAMPERING_KINDS,
 };
-pub use validation::{GateResult, StepMetrics, ValidationReport};
+pub use validation::{GateResult, HarnessStepMetrics, StepMetrics, ValidationReport};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -245,4 +245,11 @@ pub struct AlignStats {
     /// give no samples.
     #[serde(default)]
     pub skipped_uninformative: u64,
+    /// The trajectory's harness (per-trajectory records only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
+    /// The total record only: the same counts per harness (`align` over a mixed rollout), each an
+    /// align-stats object without `trajectory_id` or `by_harness`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_harness: BTreeMap<String, AlignStats>,
 }

@@ -120,6 +120,10 @@ pub struct Task {
     pub grader: Option<Grader>,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// The harness adapter (its `name`, e.g. `mini-swe-agent`) this task runs on when rollout is
+    /// given several (`--harness-mix task`, the default); ignored with one harness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
     /// Anything else from the source record (kept verbatim, e.g. SWE-bench `version`).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
@@ -142,6 +146,7 @@ impl Task {
             environment: Environment::default(),
             grader: None,
             timeouts: Timeouts::default(),
+            harness: None,
             metadata: Map::new(),
         }
     }

@@ -1,6 +1,8 @@
 //! `StepMetrics` (one per train-step) and `ValidationReport` (one per validate run): flat objects
 //! of numbers so that report and a pandas user read them directly.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -100,8 +102,46 @@ pub struct StepMetrics {
     pub is_log_ratio_std: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
+    /// The step's figures split by the harness that ran each trajectory (align writes it into
+    /// every sample's `metadata.harness`); empty when no sample names one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_harness: BTreeMap<String, HarnessStepMetrics>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Map<String, Value>,
+}
+
+/// One harness's part of a train step (`StepMetrics::by_harness`). Groups are GSPO's (task,
+/// group id); under `rollout --harness-mix sample` a group holds trials of several harnesses and
+/// counts for each (`mixed_groups`), and its advantages compare them with each other.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct HarnessStepMetrics {
+    pub trajectories: u64,
+    /// Trajectories with weight > 0 (not infra failures), and the rest.
+    pub valid_trajectories: u64,
+    pub infra_failed_trajectories: u64,
+    /// Groups with a trajectory of this harness, and of those, groups with another harness's too.
+    pub groups: u64,
+    pub mixed_groups: u64,
+    pub samples: u64,
+    pub policy_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_std: Option<f64>,
+    /// Mean GSPO advantage of the valid trajectories (in a mixed group, above 0 where this
+    /// harness's trials did better than the others').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advantage_mean: Option<f64>,
+    /// Rollout vs trainer (π_old, pass 1) log-prob agreement over this harness's policy tokens,
+    /// as the step's `logprob_*` figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_pearson: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_pearson_seq_median: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_max_abs_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_kl: Option<f64>,
 }
 
 /// One gate's verdict.

@@ -124,6 +124,8 @@ pub struct ReportData {
     pub steps: Vec<StepRow>,
     pub tasks: Vec<GroupRow>,
     pub harnesses: Vec<GroupRow>,
+    /// Per step and harness (`harness_steps.csv`; the page's per-harness view of a mixed run).
+    pub harness_steps: Vec<crate::validate::by_harness::HarnessRow>,
     pub terminations: Vec<GroupRow>,
     pub tool_names: BTreeMap<String, u64>,
     pub validation: Vec<ValidationReport>,
@@ -300,6 +302,7 @@ pub fn build_embedding(
     let mut terms: BTreeMap<String, Acc> = BTreeMap::new();
     let mut groups: BTreeMap<(u64, String, u64), Vec<f64>> = BTreeMap::new();
     let mut marks: BTreeMap<(u64, String, u64), DynamicSampling> = BTreeMap::new();
+    let mut by_harness = crate::validate::by_harness::ByHarness::default();
     let mut data = ReportData {
         run: files
             .root
@@ -312,6 +315,7 @@ pub fn build_embedding(
     };
     for_each_trajectory(files, opts, |step, path, t| {
         data.trajectory_count += 1;
+        by_harness.add_trajectory(step, &t);
         let th = threads(&t);
         let b = behaviour(&th);
         let s = summarize(step, &t, &b);
@@ -391,6 +395,10 @@ pub fn build_embedding(
     }
     let metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
     data.validation = read_plain::<ValidationReport>(&files.validation, opts)?;
+    let latest = steps.keys().next_back().copied().unwrap_or(0);
+    by_harness.add_align_stats(&files.align_stats, opts, latest)?;
+    by_harness.add_metrics(&metrics);
+    data.harness_steps = by_harness.finish();
     for m in metrics {
         let step = m.step;
         step_entry(&mut steps, step).1.metrics = Some(m);

@@ -6,6 +6,7 @@ pub mod advisories;
 pub mod assist;
 pub mod behaviour;
 pub mod data;
+pub mod harness;
 pub mod html;
 pub mod serve;
 pub mod tables;

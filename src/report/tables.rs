@@ -186,5 +186,6 @@ pub fn all(d: &ReportData) -> Result<Vec<(&'static str, Vec<u8>)>, ReportError> 
             "terminations.csv",
             group_csv("terminations.csv", "termination", &d.terminations)?,
         ),
+        ("harness_steps.csv", super::harness::harness_steps_csv(d)?),
     ])
 }

@@ -207,6 +207,15 @@ pub(super) fn load_chat(dir: &Path) -> Result<ChatFormat, RolloutError> {
     })
 }
 
+/// Whether the checkpoint's config.json describes an MoE model (any expert count > 0). A
+/// missing or unreadable config counts as MoE: asking for routing then costs nothing.
+pub(super) fn is_moe(dir: &Path) -> bool {
+    match crate::model::Config::from_file(&dir.join("config.json")) {
+        Ok(cfg) => cfg.num_experts > 0,
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

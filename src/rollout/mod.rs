@@ -24,12 +24,15 @@
 //!   versions behind the newest checkpoint is discarded and run again with the newer policy.
 //! - **Dynamic sampling** (`dynamic`): after the planned groups, extra groups from the task pool
 //!   until N groups have reward variance or the extra budget is spent; every group is marked.
+//! - **Several harnesses** (`harnesses`): each trial runs on the harness the assignment policy
+//!   names for its (task, group, sample), a pure function of the flags, so a rerun agrees.
 
 pub mod audit;
 mod backend;
 pub mod dynamic;
 pub mod follow;
 pub mod forced;
+pub mod harnesses;
 pub mod judge;
 pub mod plan;
 mod progress;
@@ -46,12 +49,13 @@ use tokio::task::JoinSet;
 pub use backend::{check_flags, server_log, BackendSpec, VllmOptions};
 pub use dynamic::{DynamicConfig, DynamicSummary};
 pub use forced::Forced;
+pub use harnesses::{Assignment, HarnessMix};
 pub use plan::{GroupPlan, Shard};
 
 use crate::chat::ChatFormat;
 use crate::engine::PrefixCacheStats;
 use crate::harness::Harness;
-use backend::{check_behaviour_logprobs, load_chat, start_backend};
+use backend::{check_behaviour_logprobs, is_moe, load_chat, start_backend};
 use plan::{existing, usable_tasks};
 use progress::Progress;
 
@@ -65,7 +69,9 @@ use crate::sandbox::Engine;
 pub struct RolloutConfig {
     pub tasks: PathBuf,
     pub images: PathBuf,
-    pub harness: PathBuf,
+    /// The harness adapters (`--harness`, once or more), and how trials are spread over them.
+    pub harnesses: Vec<PathBuf>,
+    pub harness_mix: HarnessMix,
     pub backend: BackendSpec,
     /// Tokenizer + chat template directory (default: the embedded checkpoint).
     pub chat_model: Option<PathBuf>,
@@ -90,7 +96,8 @@ pub struct RolloutConfig {
     pub max_turns: Option<u32>,
     /// Overrides the tasks' agent time limit.
     pub agent_timeout: Option<Duration>,
-    pub forced: Option<PathBuf>,
+    /// Forced scripts: none, one for every harness, or one per harness in `harnesses` order.
+    pub forced: Vec<PathBuf>,
     pub run_id: Option<String>,
     /// `train` or `eval` (recorded in every trajectory).
     pub mode: String,
@@ -225,21 +232,8 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     if cfg.group_size == 0 {
         return Err(RolloutError::Invalid("--group-size must be at least 1".into()));
     }
-    let mut harness = Harness::load(&cfg.harness)?;
-    if let Some(m) = cfg.max_turns {
-        harness.config.max_turns = m;
-    }
-    if let Some(why) = &harness.config.runtime.unavailable {
-        return Err(RolloutError::Invalid(format!(
-            "{}: harness `{}` cannot run here: {why}",
-            cfg.harness.display(),
-            harness.config.name
-        )));
-    }
-    let forced = match &cfg.forced {
-        Some(p) => Forced::load(p)?,
-        None => Forced::default(),
-    };
+    let harnesses = harnesses::load(&cfg.harnesses, cfg.max_turns)?;
+    let forced = harnesses::load_forced(&cfg.forced, harnesses.len())?;
     let inputs = ReadOptions {
         strict: cfg.strict,
         ..ReadOptions::default()
@@ -257,6 +251,8 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         (Some(_), None) => tasks.clone(),
         (Some(_), Some(path)) => dynamic::load_pool(path, cfg.shard, &images, inputs, &mut image_of)?,
     };
+    let names: Vec<String> = harnesses.iter().map(|h| h.config.name.clone()).collect();
+    let assignment = Assignment::new(cfg.harness_mix, &names, &tasks, &pool)?;
 
     if let Some(dir) = cfg.output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| crate::io::IoError::Write {
@@ -297,8 +293,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         tracing::warn!("removed {swept} sandbox objects left by an earlier run {run_id}");
     }
     crate::sandbox::trial::install_signal_sweep(engine.clone(), run_id.clone());
-    let runtime =
-        crate::sandbox::runtime::ensure_runtime(&engine, &harness, &cfg.base_image, &cfg.cache_dir).await?;
+    let binds = harnesses::runtime_binds(&engine, &harnesses, &cfg.base_image, &cfg.cache_dir).await?;
 
     let (backend, chat_dir) = start_backend(cfg).await?;
     check_behaviour_logprobs(
@@ -347,23 +342,33 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
             source,
         })?;
 
-    let shared = Arc::new(Shared {
-        engine: engine.clone(),
-        proxy: proxy.clone(),
-        chat,
-        chat_dir: std::path::absolute(&chat_dir).unwrap_or(chat_dir),
-        backend_id: backend.id(),
-        harness,
-        forced,
-        run_id: run_id.clone(),
-        task_root: task_root(&cfg.tasks),
-        socket,
-        binds: vec![runtime.bind()],
-        sampling: cfg.sampling.clone(),
-        harness_sampling: cfg.harness_sampling,
-        mode: cfg.mode.clone(),
-        agent_timeout: cfg.agent_timeout,
-    });
+    // One shared state per harness (its adapter, forced scripts and runtime volume): a trial runs
+    // on the one `assignment` names, and its trajectory records that harness.
+    let chat_dir = std::path::absolute(&chat_dir).unwrap_or(chat_dir);
+    let shared: Vec<Arc<Shared>> = harnesses
+        .into_iter()
+        .zip(forced)
+        .zip(binds)
+        .map(|((harness, forced), bind)| {
+            Arc::new(Shared {
+                engine: engine.clone(),
+                proxy: proxy.clone(),
+                chat: chat.clone(),
+                chat_dir: chat_dir.clone(),
+                backend_id: backend.id(),
+                harness,
+                forced,
+                run_id: run_id.clone(),
+                task_root: task_root(&cfg.tasks),
+                socket: socket.clone(),
+                binds: vec![bind],
+                sampling: cfg.sampling.clone(),
+                harness_sampling: cfg.harness_sampling,
+                mode: cfg.mode.clone(),
+                agent_timeout: cfg.agent_timeout,
+            })
+        })
+        .collect();
 
     let reload = |dir: PathBuf| {
         let backend = backend.clone();
@@ -565,7 +570,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
                 policy_version,
                 reload: last_reload.clone(),
             };
-            let shared = shared.clone();
+            let shared = shared[assignment.harness(&group.task.id, group.group_id, sample)].clone();
             let (tid, gid) = key.clone();
             running.spawn(async move { (tid, gid, trial::run_trial(shared, spec).await) });
         }
@@ -576,15 +581,6 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     summary.prefix_cache = backend.prefix_cache_stats();
     summary.dynamic = oversampler.as_ref().map(dynamic::Oversampler::summary);
     Ok(summary)
-}
-
-/// Whether the checkpoint's config.json describes an MoE model (any expert count > 0). A
-/// missing or unreadable config counts as MoE: asking for routing then costs nothing.
-fn is_moe(dir: &Path) -> bool {
-    match crate::model::Config::from_file(&dir.join("config.json")) {
-        Ok(cfg) => cfg.num_experts > 0,
-        Err(_) => true,
-    }
 }
 
 #[cfg(test)]

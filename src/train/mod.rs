@@ -4,6 +4,7 @@
 //!
 //! - [`gspo`]: the objective and group-relative advantages (pure math, hand-checked).
 //! - [`batch`]: sample validation, trajectories, groups, micro-batching.
+//! - [`harness_metrics`]: the step's figures split by harness (`StepMetrics::by_harness`).
 //! - [`optim`]: AdamW, LR schedule, optimizer state on disk.
 //! - [`trainer`]: the step itself and its [`StepMetrics`](crate::records::StepMetrics).
 //! - [`groups`]: the parameter groups (which parameters, reduced over which ranks, with which
@@ -18,6 +19,7 @@ pub mod correction;
 pub mod expert;
 pub mod groups;
 pub mod gspo;
+pub mod harness_metrics;
 pub mod metrics;
 pub mod optim;
 pub mod plan;

@@ -141,6 +141,8 @@ pub struct Health {
     pub eval: BTreeMap<u64, RewardSum>,
     /// Cross-file consistency, by check name.
     pub problems: BTreeMap<String, Problem>,
+    /// Per step and harness (a mixed rollout's split; one row per step for a single harness).
+    pub harnesses: Vec<super::by_harness::HarnessRow>,
 }
 
 /// Consistency checks, each reported even when it found nothing.
@@ -162,7 +164,9 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     let mut groups: BTreeMap<(u64, String, u64), (u64, Vec<f64>)> = BTreeMap::new();
     let mut last_version: HashMap<std::path::PathBuf, u64> = HashMap::new();
     let mut problems = std::mem::take(&mut h.problems);
+    let mut by_harness = super::by_harness::ByHarness::default();
     for_each_trajectory(files, opts, |step, path, t: Trajectory| {
+        by_harness.add_trajectory(step, &t);
         h.trajectories += 1;
         let s = h.steps.entry(step).or_insert_with(|| StepHealth {
             step,
@@ -249,6 +253,10 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
         }
     })?;
     h.metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
+    let latest = h.steps.keys().next_back().copied().unwrap_or(0);
+    by_harness.add_align_stats(&files.align_stats, opts, latest)?;
+    by_harness.add_metrics(&h.metrics);
+    h.harnesses = by_harness.finish();
     h.problems = problems;
     Ok(h)
 }

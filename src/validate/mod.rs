@@ -4,6 +4,7 @@
 //!   ending in a [`ValidationReport`] appended to the run's validation file;
 //! - held-out evaluation ([`eval`]): pass@1 with intervals, pass@k, comparisons.
 
+pub mod by_harness;
 pub mod eval;
 pub mod gates;
 pub mod health;
@@ -138,6 +139,17 @@ pub fn validate_run(
     checks.insert("samples".into(), h.samples.into());
     checks.insert("metrics".into(), h.metrics.len().into());
     checks.insert("steps".into(), h.steps.len().into());
+    if by_harness::is_mixed(&h.harnesses) {
+        // The latest batch's figures per harness (a mixed rollout).
+        let last = h.harnesses.iter().map(|r| r.step).max();
+        let latest: serde_json::Map<String, serde_json::Value> = h
+            .harnesses
+            .iter()
+            .filter(|r| Some(r.step) == last)
+            .map(|r| (r.harness.clone(), r.summary()))
+            .collect();
+        checks.insert("by_harness".into(), latest.into());
+    }
     let report = ValidationReport {
         schema: ValidationReport::SCHEMA.into(),
         step,

@@ -23,6 +23,7 @@ mod hybrid;
 mod hybrid_checkpoint;
 mod io;
 mod learn_scripts;
+mod mixed_harnesses;
 mod model;
 mod pipeline;
 mod plan;

@@ -630,8 +630,9 @@ async fn qwen35_chat_format_through_the_proxy_align_and_replay() {
     crate::align::assert_trainer_reproduces_rollout(&dir, &samples, &p("step-1"), stats.policy_tokens);
 }
 
-/// `LEGO_RL_MODEL` picks the demo's policy and the scripted outputs in its chat format (the full
-/// demo is the loop `two_steps_of_the_loop_on_the_tiny_model` runs; this only checks the choice).
+/// `LEGO_RL_MODEL` picks the demo's policy and the scripted outputs in its chat format, and
+/// `LEGO_RL_HARNESS=a,b` two harnesses with a script each (the full demo is the loop
+/// `two_steps_of_the_loop_on_the_tiny_model` runs; this only checks the choice).
 #[test]
 fn demo_honours_lego_rl_model() {
     let demo = |model: Option<&str>| {
@@ -662,6 +663,24 @@ fn demo_honours_lego_rl_model() {
         "{err}"
     );
     assert!(err.contains("testdata/rollout/inflection-qwen3.5.json"), "{err}");
+    // Two harnesses: each with its own scripted continuations, a group split across them.
+    let out = Command::new(root().join("scripts/demo.sh"))
+        .arg("--dry-run")
+        .env_remove("LEGO_RL_FORCED")
+        .env_remove("LEGO_RL_MODEL")
+        .env_remove("LEGO_RL_HARNESS_MIX")
+        .env("LEGO_RL_HARNESS", "mini-swe-agent,openhands-sdk")
+        .output()
+        .expect("demo.sh runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("harnesses mini-swe-agent openhands-sdk (--harness-mix sample)")
+            && err.contains("--forced ")
+            && err.contains("testdata/rollout/inflection.json --forced ")
+            && err.contains("testdata/rollout/inflection-openhands-sdk.json"),
+        "{err}"
+    );
     let (code, err) = demo(Some("qwen9"));
     assert_eq!(code, Some(2));
     assert!(
