@@ -24,7 +24,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::batch::Batch;
-use super::trainer::Settings;
 use crate::records::StepMetrics;
 
 /// One correction of `--is-correction`.
@@ -188,28 +187,18 @@ pub fn weights(
     (out, stats)
 }
 
-/// The corrections a step applies: `--is-correction`'s, plus TIS when `--tis-cap` is given
-/// alone (today's meaning of the flag), capped at `--tis-cap`.
-pub fn effective(s: &Settings) -> CorrectionSettings {
-    let mut c = s.correction.clone();
-    if let Some(cap) = s.tis_cap {
-        c.tis_cap = cap;
-        if !c.kinds.contains(&Correction::Tis) {
-            c.kinds.push(Correction::Tis);
-        }
-    }
-    c
-}
-
 /// [`weights`] of a step's sequences, against π_old (`old`, one row per sequence of `batch`).
-pub(super) fn for_batch(s: &Settings, batch: &Batch, old: &[Vec<f64>]) -> (Vec<Vec<f64>>, CorrectionStats) {
+pub(super) fn for_batch(
+    c: &CorrectionSettings,
+    batch: &Batch,
+    old: &[Vec<f64>],
+) -> (Vec<Vec<f64>>, CorrectionStats) {
     let rollout: Vec<&[f32]> = batch.seqs.iter().map(|q| q.rollout_lp.as_slice()).collect();
-    weights(&effective(s), old, &rollout)
+    weights(c, old, &rollout)
 }
 
 /// The step's `is_*` metrics (only when a correction is on).
-pub(super) fn record(s: &Settings, st: &CorrectionStats, m: &mut StepMetrics) {
-    let c = effective(s);
+pub(super) fn record(c: &CorrectionSettings, st: &CorrectionStats, m: &mut StepMetrics) {
     if c.kinds.is_empty() {
         return;
     }

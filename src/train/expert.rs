@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
-use super::trainer::{Settings, Trainer};
+use super::settings::Settings;
+use super::trainer::Trainer;
 use super::TrainError;
 use crate::c10d::{ExpertGroups, ProcessGroup, ReduceOp};
 use crate::model::{ExpertComm, ExpertShard, Model};
@@ -32,11 +33,6 @@ impl ExpertParallel {
     pub fn size(&self) -> usize {
         self.comm.group.world_size()
     }
-}
-
-/// True for a routed expert's parameter (per-expert or fused).
-pub fn is_expert_param(name: &str) -> bool {
-    name.contains(".mlp.experts.")
 }
 
 impl Trainer {

@@ -22,12 +22,16 @@
 
 use tch::Tensor;
 
-use super::expert::is_expert_param;
 use super::optim::{AdamW, AdamWConfig, Moments};
 use super::shard::{all_reduce_grads, copy_bytes, defined_anywhere, sum_scalars, sum_squares};
 use super::zero::ZeroAdamW;
 use super::TrainError;
 use crate::c10d::ProcessGroup;
+
+/// True for a routed expert's parameter (per-expert or fused).
+pub fn is_expert_param(name: &str) -> bool {
+    name.contains(".mlp.experts.")
+}
 
 /// Which parameters a group holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -134,7 +134,6 @@ pub(super) fn step_metrics(
         staleness_max: staleness.iter().rposition(|&n| n > 0).map(|s| s as u64),
         staleness_histogram: staleness,
         seconds: Some(f.elapsed),
-        by_harness: super::harness_metrics::by_harness(samples, batch, old),
         extra: Default::default(),
         ..Default::default()
     }

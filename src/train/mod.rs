@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod optim;
 pub mod plan;
 mod save;
+pub mod settings;
 pub mod shard;
 pub mod state;
 pub mod trainer;
@@ -34,7 +35,8 @@ use std::path::PathBuf;
 
 pub use gspo::LossKind;
 pub use optim::{AdamWConfig, Schedule};
-pub use trainer::{CheckpointInfo, Settings, Trainer};
+pub use settings::Settings;
+pub use trainer::{CheckpointInfo, Trainer};
 
 /// Errors of a training step; each names the file, record or tensor involved.
 #[derive(Debug, thiserror::Error)]

@@ -15,13 +15,14 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::model::sampled::Processing;
-use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model, DEFAULT_LOGPROB_CHUNK};
+use crate::model::{AttnMask, ExpertLayout, ForwardInput, Model};
 use crate::records::{Sample, StepMetrics};
 
 use super::batch::{micro_batches, processing, Batch, Seq};
 use super::groups::ParamGroup;
-use super::gspo::{accumulate, coefficients, LossKind, TrajTerm};
-use super::optim::{AdamW, AdamWConfig};
+use super::gspo::{accumulate, coefficients, TrajTerm};
+use super::optim::AdamW;
+use super::settings::Settings;
 use super::shard::{combine_per_seq, shard, sum_scalars};
 use super::state::SavedState;
 use super::update::trainable;
@@ -29,74 +30,6 @@ use super::TrainError;
 use crate::c10d::ProcessGroup;
 
 pub use super::save::check_out;
-
-/// Resolved options of one step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    pub loss: LossKind,
-    pub eps_low: f64,
-    pub eps_high: f64,
-    /// Optimizer updates per step (the batch is split into this many mini-batches of groups).
-    pub updates: usize,
-    /// Token budget of one packed micro-batch.
-    pub micro_batch_tokens: usize,
-    /// Recompute each decoder layer in the backward pass instead of keeping its activations
-    /// (long contexts: memory of one layer instead of all; costs one more forward).
-    pub activation_checkpointing: bool,
-    /// Positions per chunk of the LM head (log-probs and their backward, see
-    /// `model/head.rs`): at most `chunk × vocab` logits alive instead of all scored positions'.
-    /// `None`: the whole micro-batch at once, differentiated by autograd.
-    pub logprob_chunk: Option<usize>,
-    pub max_grad_norm: f64,
-    /// Truncated importance-sampling cap on π_old/π_rollout per token (None = off; with
-    /// `correction`, the cap of its `tis`).
-    pub tis_cap: Option<f64>,
-    /// Off-policy corrections (`--is-correction`, [`super::correction`]); `tis_cap` alone is TIS.
-    pub correction: super::correction::CorrectionSettings,
-    /// ε in A = (r − mean)/(std + ε).
-    pub adv_eps: f64,
-    /// Regular expression over parameter names (Hugging Face names such as
-    /// `model.embed_tokens.weight`): the parameters it matches (anywhere in the name) are not
-    /// updated — no optimizer step, no weight decay, left out of the gradient norm. None: all
-    /// parameters train.
-    pub freeze: Option<String>,
-    pub optim: AdamWConfig,
-    /// ZeRO stage 1: each rank keeps the AdamW moments of its 1/N of the parameters
-    /// ([`super::zero`]); off, every rank keeps all of them.
-    pub zero: bool,
-    /// Elements per gradient bucket (one all-reduce or reduce-scatter each).
-    pub bucket_elems: i64,
-    /// Routing replay (R3): MoE layers use the recorded experts. Off, the router picks its own
-    /// and the record is only compared with them (the paper's ablation: agreement with vs
-    /// without replay).
-    pub replay: bool,
-}
-
-/// Default gradient bucket: 25 MiB of fp32, as PyTorch DDP.
-pub const DEFAULT_BUCKET_ELEMS: i64 = 25 * 1024 * 1024 / 4;
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            loss: LossKind::Gspo,
-            eps_low: 3e-4,
-            eps_high: 4e-4,
-            updates: 1,
-            micro_batch_tokens: 8192,
-            activation_checkpointing: false,
-            logprob_chunk: Some(DEFAULT_LOGPROB_CHUNK),
-            max_grad_norm: 1.0,
-            tis_cap: None,
-            correction: Default::default(),
-            adv_eps: 1e-6,
-            freeze: None,
-            optim: AdamWConfig::default(),
-            zero: false,
-            bucket_elems: DEFAULT_BUCKET_ELEMS,
-            replay: true,
-        }
-    }
-}
 
 /// `lego-rl.json` in a checkpoint written by train-step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -352,7 +285,7 @@ impl Trainer {
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
         );
-        let (is_weights, is_stats) = super::correction::for_batch(s, &batch, &old);
+        let (is_weights, is_stats) = super::correction::for_batch(&s.corrections(), &batch, &old);
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
         let per_update = n_groups.div_ceil(updates);
@@ -449,6 +382,7 @@ impl Trainer {
                 elapsed,
             },
         );
+        m.by_harness = super::harness_metrics::by_harness(samples, &batch, &old);
         m.routing_replay = (self.model.lm.moe_layers() > 0).then_some(s.replay);
         if m.routing_replay == Some(true) {
             // Tokens of samples without recorded routing ran on the trainer's own routing.
@@ -458,7 +392,7 @@ impl Trainer {
             });
             m.unreplayed_token_fraction = (total > 0).then(|| missing as f64 / total as f64);
         }
-        super::correction::record(s, &is_stats, &mut m);
+        super::correction::record(&s.corrections(), &is_stats, &mut m);
         self.memory_metrics(&mut m, &params, pg, copies);
         Ok(m)
     }

@@ -8,7 +8,8 @@ use tch::{Kind, Tensor};
 
 use super::groups::{self, Comms, Members, ParamGroup, Storage, Update, UpdateKnobs};
 use super::optim::Moments;
-use super::trainer::{Settings, Trainer};
+use super::settings::Settings;
+use super::trainer::Trainer;
 use super::zero::ZeroAdamW;
 use super::TrainError;
 use crate::c10d::ProcessGroup;
@@ -118,7 +119,7 @@ impl Trainer {
         }
         // This rank's share of the routed experts (what expert parallelism divides), measured on
         // the live tensors: weights, their `.grad`, and their AdamW state.
-        let is_expert = super::expert::is_expert_param;
+        let is_expert = super::groups::is_expert_param;
         let (mut weights, mut grads) = (0u64, 0u64);
         for (_, p) in params.iter().filter(|(n, _)| is_expert(n)) {
             weights += (p.numel() * p.kind().elt_size_in_bytes()) as u64;

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::health::RewardSum;
 use super::run::{read_files, RunError};
+use super::stats::RewardSum;
 use crate::io::ReadOptions;
 use crate::records::{AlignStats, HarnessStepMetrics, StepMetrics, Trajectory};
 

@@ -10,6 +10,7 @@ pub mod gates;
 pub mod health;
 pub mod output;
 pub mod run;
+pub mod stats;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
