@@ -271,10 +271,6 @@ impl SavedState {
     /// included, whose full state is kept; `params`: the group's trained parameters, which ZeRO-1
     /// lays out; `rank`: this rank's index in the group's reduction group), or
     /// refuses state this run cannot continue. `run`: this run's (world size, expert parallelism).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the group, its parameters and where it runs"
-    )]
     pub fn restore(
         &self,
         g: &mut ParamGroup,
