@@ -935,7 +935,7 @@ _lego__rl() {
                     return 0
                     ;;
                 --harness-mix)
-                    COMPREPLY=($(compgen -W "task round-robin group sample" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "task task-hash group sample" -- "${cur}"))
                     return 0
                     ;;
                 --backend)

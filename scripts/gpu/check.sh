@@ -66,6 +66,10 @@ model=$work/model tiny=$work/tiny-bf16
 # step NAME SECONDS FUNCTION: runs FUNCTION bounded and timed; records status and seconds.
 step() {
   local name=$1 limit=$2 fn=$3 start end rc status error=""
+  # The limits are sized for the lent GPU's budget. The CPU rehearsal in CI shares two cores with
+  # the rest of the suite (its reference step took 55 s of 60 under load), so it gets 3x: a hang
+  # still stops, a busy machine does not fail the check.
+  [ "$mode" = cpu ] && limit=$((limit * 3))
   say "$name (at most ${limit}s)"
   start=$(date +%s%N)
   timeout -k 10 "$limit" bash -c "$(declare -f "$fn" ckpt_of metric last_record); $fn" >"$out/logs/$name.log" 2>&1

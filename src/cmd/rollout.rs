@@ -57,12 +57,13 @@ pub struct RolloutArgs {
     #[arg(long, required = true)]
     pub harness: Vec<PathBuf>,
     /// With several --harness, which one runs each trial: `task` (the task record's `harness`
-    /// field names the adapter; tasks without it go round robin by position), `round-robin` (the
-    /// task at position p on harness p mod H), `group` (every trial of a group on one harness,
-    /// (p + group id) mod H, so a task's epochs rotate) or `sample` (sample i of every group on
-    /// harness i mod H: a mixed group; GSPO's advantage is still taken within the group, so the
-    /// harnesses' trials of one task are compared with each other). Positions count the run's
-    /// tasks in input order, then the --task-pool's others. Ignored with one harness.
+    /// field names the adapter; tasks without it go by k mod H), `task-hash` (every task on
+    /// harness k mod H), `group` (every trial of a group on one harness, (k + group id) mod H, so
+    /// a task's epochs rotate) or `sample` (sample i of every group on harness i mod H: a mixed
+    /// group; GSPO's advantage is still taken within the group, so the harnesses' trials of one
+    /// task are compared with each other; refused when the group size is below H). k is a fixed
+    /// hash of the task id (FNV-1a), so a task's harness never depends on which other tasks an
+    /// invocation runs. Ignored with one harness.
     #[arg(long, value_enum, default_value = "task")]
     pub harness_mix: HarnessMix,
     /// embedded:CKPT_DIR, vllm:URL, vllm-serve:CKPT_DIR or sglang:URL. vllm-serve starts a vLLM

@@ -115,6 +115,15 @@ pub fn check_flags(cfg: &RolloutConfig) -> Result<(), RolloutError> {
              --backend vllm with --follow)",
         );
     }
+    let h = cfg.harnesses.len();
+    if cfg.harness_mix == super::HarnessMix::Sample && h > 1 && (cfg.group_size as usize) < h {
+        return Err(RolloutError::Invalid(format!(
+            "--harness-mix sample puts sample i on harness i mod {h}: --group-size {} would never run \
+             the last {} harness(es); use a group size of at least {h}, or --harness-mix group",
+            cfg.group_size,
+            h - cfg.group_size as usize
+        )));
+    }
     Ok(())
 }
 

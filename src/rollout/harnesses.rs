@@ -6,17 +6,21 @@
 //! SIGKILL) runs every missing trial on the harness the killed run would have used. Policies:
 //!
 //! - **`task`** (the default): the task record's `harness` field names the adapter (its `name`);
-//!   tasks without the field go round robin by position.
-//! - **`round-robin`**: task at position `p` runs on harness `p mod H`, whatever its field says.
-//! - **`group`**: every trial of a group on one harness, `(p + group_id) mod H`, so a task's groups
+//!   tasks without the field go by their key `k` (below), harness `k mod H`.
+//! - **`task-hash`**: every task on harness `k mod H`, whatever its field says.
+//! - **`group`**: every trial of a group on one harness, `(k + group_id) mod H`, so a task's groups
 //!   of successive epochs (and extra groups) rotate over the harnesses.
 //! - **`sample`**: a group split across harnesses, sample `i` on harness `i mod H`. The GSPO
 //!   advantage is still computed within the group, so a mixed group compares the harnesses' trials
 //!   of one task against each other: a policy that does better on one harness gets its trials
 //!   there pushed up and the other's pushed down.
 //!
-//! Positions count the run's tasks (the shard's, with an image, in input order), then the
-//! dynamic-sampling pool's tasks not already among them. With one harness everything runs on it.
+//! A task's key `k` is a fixed hash of its id (64-bit FNV-1a), not its place in a list: the same
+//! task gets the same harness in every invocation, whichever other tasks it is run with
+//! (`loop.sh` runs one batch per invocation, `--shard` splits the input, a rerun may find other
+//! images). Over many tasks the hash spreads them evenly; over a handful it may not, so name the
+//! harness in the task records (`task`) where an exact split matters. With one harness
+//! everything runs on it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,11 +32,11 @@ use crate::records::Task;
 /// `rollout --harness-mix`: how trials are spread over several harnesses.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HarnessMix {
-    /// Per task: the task record's `harness` field, else round robin over tasks.
+    /// Per task: the task record's `harness` field, else by a hash of the task id.
     #[default]
     Task,
-    /// Per task, round robin by position (the tasks' `harness` fields are ignored).
-    RoundRobin,
+    /// Per task, by a hash of the task id (the tasks' `harness` fields are ignored).
+    TaskHash,
     /// Per group: every trial of a group on one harness, rotating with the group id.
     Group,
     /// Per sample: sample i of every group on harness i mod H.
@@ -44,7 +48,7 @@ impl HarnessMix {
     pub fn as_str(self) -> &'static str {
         match self {
             HarnessMix::Task => "task",
-            HarnessMix::RoundRobin => "round-robin",
+            HarnessMix::TaskHash => "task-hash",
             HarnessMix::Group => "group",
             HarnessMix::Sample => "sample",
         }
@@ -56,8 +60,8 @@ impl HarnessMix {
 pub struct Assignment {
     mix: HarnessMix,
     harnesses: usize,
-    /// Task id → (position, harness named by its record when the policy reads it).
-    tasks: HashMap<String, (usize, Option<usize>)>,
+    /// Task id → the harness its record names, when the policy reads it.
+    named: HashMap<String, usize>,
 }
 
 impl Assignment {
@@ -70,28 +74,23 @@ impl Assignment {
         tasks: &[Task],
         pool: &[Task],
     ) -> Result<Self, RolloutError> {
-        let mut map: HashMap<String, (usize, Option<usize>)> = HashMap::new();
+        let mut named = HashMap::new();
         for t in tasks.iter().chain(pool) {
-            if map.contains_key(&t.id) {
-                continue;
-            }
-            let named = match (&t.harness, mix, names.len()) {
-                (Some(h), HarnessMix::Task, 2..) => Some(names.iter().position(|n| n == h).ok_or_else(|| {
+            if let (Some(h), HarnessMix::Task, 2..) = (&t.harness, mix, names.len()) {
+                let i = names.iter().position(|n| n == h).ok_or_else(|| {
                     RolloutError::Invalid(format!(
                         "task `{}`: field `harness` names `{h}`, which is not among the --harness adapters ({})",
                         t.id,
                         names.join(", ")
                     ))
-                })?),
-                _ => None,
-            };
-            let position = map.len();
-            map.insert(t.id.clone(), (position, named));
+                })?;
+                named.entry(t.id.clone()).or_insert(i);
+            }
         }
         Ok(Assignment {
             mix,
             harnesses: names.len().max(1),
-            tasks: map,
+            named,
         })
     }
 
@@ -102,15 +101,22 @@ impl Assignment {
         if h == 1 {
             return 0;
         }
-        let (position, named) = self.tasks.get(task_id).copied().unwrap_or((0, None));
-        let p = position as u64;
+        let k = task_key(task_id);
         (match self.mix {
-            HarnessMix::Task => named.map_or(p % h, |n| n as u64),
-            HarnessMix::RoundRobin => p % h,
-            HarnessMix::Group => (p + group_id % h) % h,
+            HarnessMix::Task => self.named.get(task_id).map_or(k % h, |&n| n as u64),
+            HarnessMix::TaskHash => k % h,
+            HarnessMix::Group => (k % h + group_id % h) % h,
             HarnessMix::Sample => u64::from(sample) % h,
         }) as usize
     }
+}
+
+/// A task's key: 64-bit FNV-1a of its id, fixed across builds and platforms (unlike std's
+/// `DefaultHasher`), so the assignment never changes under a run.
+pub fn task_key(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Loads the `--harness` adapters (with `max_turns` overriding theirs), refusing one that cannot
@@ -215,24 +221,28 @@ mod tests {
         ts[1].harness = Some("openhands-sdk".into());
         let n = names();
         let by = |mix| Assignment::new(mix, &n, &ts, &[]).unwrap();
-        // task: the field where set, else position mod H.
+        let k = |id: &str| (task_key(id) % 2) as usize;
+        // FNV-1a's published test vectors: the key is the standard hash.
+        assert_eq!(task_key(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(task_key("a"), 0xaf63_dc4c_8601_ec8c);
+        // task: the field where set, else the key mod H.
         let a = by(HarnessMix::Task);
         assert_eq!(
             [a.harness("a", 0, 0), a.harness("b", 0, 0), a.harness("c", 5, 1)],
-            [0, 1, 0]
+            [k("a"), 1, 0]
         );
-        // round-robin: position only.
-        let a = by(HarnessMix::RoundRobin);
+        // task-hash: the key only, whatever the fields say.
+        let a = by(HarnessMix::TaskHash);
         assert_eq!(
             [a.harness("a", 0, 1), a.harness("b", 3, 0), a.harness("c", 0, 0)],
-            [0, 1, 0]
+            [k("a"), k("b"), k("c")]
         );
         // group: one harness per group, rotating with the group id.
         let a = by(HarnessMix::Group);
         for s in 0..4 {
-            assert_eq!(a.harness("a", 0, s), 0);
-            assert_eq!(a.harness("a", 1, s), 1);
-            assert_eq!(a.harness("b", 0, s), 1);
+            assert_eq!(a.harness("a", 0, s), k("a"));
+            assert_eq!(a.harness("a", 1, s), 1 - k("a"));
+            assert_eq!(a.harness("b", 4, s), k("b"));
         }
         // sample: i mod H within every group.
         let a = by(HarnessMix::Sample);
@@ -243,9 +253,39 @@ mod tests {
         // One harness: everything on it, whatever the fields say.
         let one = Assignment::new(HarnessMix::Task, &n[..1], &ts, &[]).unwrap();
         assert!(ts.iter().all(|t| one.harness(&t.id, 3, 2) == 0));
-        // Pool tasks continue the positions; a task in both keeps its first position.
-        let a = Assignment::new(HarnessMix::RoundRobin, &n, &ts[..1], &tasks(&["a", "p"])).unwrap();
-        assert_eq!([a.harness("a", 0, 0), a.harness("p", 0, 0)], [0, 1]);
+        // Over many tasks the hash spreads them about evenly.
+        let ids: Vec<String> = (0..1000).map(|i| format!("repo__repo-{i}")).collect();
+        let on_first = ids.iter().filter(|id| k(id) == 0).count();
+        assert!(
+            (450..550).contains(&on_first),
+            "{on_first} of 1000 on the first harness"
+        );
+    }
+
+    /// Regression: the harness used to follow the task's place in the invocation's list, so
+    /// `loop.sh` (one batch of `--tasks-per-step` tasks per invocation, often one) and `--shard`
+    /// put every task on the first harness. A task's harness is now the same whichever tasks it
+    /// is run with.
+    #[test]
+    fn a_task_gets_the_same_harness_whatever_it_is_run_with() {
+        let n = names();
+        let all = tasks(&["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"]);
+        for mix in [HarnessMix::Task, HarnessMix::TaskHash, HarnessMix::Group] {
+            let whole = Assignment::new(mix, &n, &all, &[]).unwrap();
+            let mut used = BTreeSet::new();
+            for (i, t) in all.iter().enumerate() {
+                // The task alone (a loop.sh batch of one), and behind the others (a shard or pool).
+                let alone = Assignment::new(mix, &n, &all[i..=i], &[]).unwrap();
+                let pooled = Assignment::new(mix, &n, &all[..0], &all[i..]).unwrap();
+                for g in 0..3 {
+                    let h = whole.harness(&t.id, g, 0);
+                    assert_eq!(alone.harness(&t.id, g, 0), h, "{mix:?} {}", t.id);
+                    assert_eq!(pooled.harness(&t.id, g, 0), h, "{mix:?} {}", t.id);
+                    used.insert(h);
+                }
+            }
+            assert_eq!(used.len(), 2, "{mix:?}: one-task batches use both harnesses");
+        }
     }
 
     #[test]
@@ -271,7 +311,7 @@ mod tests {
         let n = names();
         for mix in [
             HarnessMix::Task,
-            HarnessMix::RoundRobin,
+            HarnessMix::TaskHash,
             HarnessMix::Group,
             HarnessMix::Sample,
         ] {

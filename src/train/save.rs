@@ -39,8 +39,21 @@ impl Trainer {
         } else {
             CheckpointInfo::default()
         };
+        let saved = SavedState::read(dir)?;
+        if opt.steps > 0 && saved.is_empty() {
+            // The counter without the moments would resume with zero moments and a late step's
+            // bias correction: a partly copied checkpoint, refused rather than resumed wrongly.
+            return Err(TrainError::OptimizerState {
+                path: dir.join(super::state::DIR),
+                msg: format!(
+                    "trainer_state.json counts {} optimizer steps, but the checkpoint holds no optimizer \
+                     state (optimizer/manifest.json, or an older layout's files): was it copied in part?",
+                    opt.steps
+                ),
+            });
+        }
         Ok(Trainer {
-            saved: SavedState::read(dir)?,
+            saved,
             source: Some(dir.to_path_buf()),
             ..Trainer {
                 info,

@@ -237,7 +237,19 @@ impl SavedState {
                 "full" if files.len() == 1 => SavedStorage::Full(files[0].clone()),
                 "zero1" => {
                     let layout_path = root.join(&g.name).join(GROUP_LAYOUT);
-                    SavedStorage::Sharded(Box::new(read_json(&layout_path)?), layout_path, files)
+                    let layout: ZeroLayout = read_json(&layout_path)?;
+                    if layout.world_size != files.len() {
+                        return Err(bad(
+                            path,
+                            format!(
+                                "group `{}`: {} slices listed, its group.json says {} ranks",
+                                g.name,
+                                files.len(),
+                                layout.world_size
+                            ),
+                        ));
+                    }
+                    SavedStorage::Sharded(Box::new(layout), layout_path, files)
                 }
                 other => {
                     return Err(bad(

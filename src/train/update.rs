@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 use super::groups::{self, Comms, Members, ParamGroup, Storage, Update, UpdateKnobs};
 use super::optim::Moments;
 use super::settings::Settings;
+use super::shard::sum_scalars;
 use super::trainer::Trainer;
 use super::zero::ZeroAdamW;
 use super::TrainError;
@@ -66,6 +67,7 @@ impl Trainer {
         let num_experts = self.model.cfg().num_experts;
         let comms = Self::comms(&self.expert, pg);
         let mut laid_out = Vec::new();
+        let mut restored = Ok(());
         for members in Members::of_run(expert) {
             let mine = members.select(params);
             let reducer = comms.reducer(members);
@@ -76,9 +78,28 @@ impl Trainer {
                 Storage::Full(Moments::default())
             };
             let mut g = ParamGroup { members, storage };
-            self.saved
-                .restore(&mut g, vars, &mine, reducer.rank(), run, num_experts)?;
+            if restored.is_ok() {
+                restored = self
+                    .saved
+                    .restore(&mut g, vars, &mine, reducer.rank(), run, num_experts);
+            }
             laid_out.push(g);
+        }
+        // A file only one rank reads (its slice) can fail on that rank alone: every rank learns
+        // it here and stops, instead of the others waiting in the first collective of the pass.
+        let failed = sum_scalars(
+            pg,
+            &[f64::from(u8::from(restored.is_err()))],
+            "optimizer state restored",
+        )?[0];
+        restored?;
+        if failed > 0.0 {
+            return Err(TrainError::OptimizerState {
+                path: self.source.clone().unwrap_or_default(),
+                msg: format!(
+                    "{failed} other rank(s) could not restore their optimizer state (see their errors)"
+                ),
+            });
         }
         self.groups = laid_out;
         Ok(())

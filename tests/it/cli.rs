@@ -277,7 +277,7 @@ fn rollout_rejects_bad_flags_before_any_work() {
     let (out, cache) = (dir.path().join("traj.jsonl.zst"), dir.path().join("cache"));
     let harness = crate::common::root().join("examples/harnesses/mini-swe-agent.toml");
     let ckpt = "embedded:/nonexistent";
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--backend", ckpt, "--device", "gpu0"],
             "--device gpu0: expected cpu, cuda or cuda:N",
@@ -302,6 +302,20 @@ fn rollout_rejects_bad_flags_before_any_work() {
         (
             &["--backend", ckpt, "--reload-tolerance", "0.1"],
             "--reload-tolerance: only a vLLM backend",
+        ),
+        // Two harnesses split by sample in groups of one: the second would never run.
+        (
+            &[
+                "--backend",
+                ckpt,
+                "--harness",
+                "/nonexistent/second.toml",
+                "--harness-mix",
+                "sample",
+                "--group-size",
+                "1",
+            ],
+            "--harness-mix sample puts sample i on harness i mod 2: --group-size 1",
         ),
     ];
     for (flags, msg) in cases {

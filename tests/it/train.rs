@@ -154,6 +154,24 @@ fn train_step_writes_checkpoint_and_metrics() {
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("lego-rl.json")).unwrap()).unwrap();
     assert_eq!(info["policy_version"], 1);
+    // A copy that kept the step counter but lost the optimizer state is refused by name, not
+    // resumed with fresh moments under a late step's bias correction.
+    let partial = tmp.path().join("partial");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&out)
+        .arg(&partial)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    std::fs::remove_dir_all(partial.join("optimizer")).unwrap();
+    let e = Trainer::load(&partial, Device::Cpu, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("partial/optimizer") && e.contains("counts 1 optimizer steps"),
+        "{e}"
+    );
     assert_eq!(info["samples_consumed"], 6);
     let m = &read_metrics(&metrics)[0];
     assert_eq!(m.step, 1);
