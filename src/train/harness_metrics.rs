@@ -7,22 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::batch::Batch;
-use super::metrics::{mean_std, median, pearson};
+use super::metrics::{agreement, mean_std, median, pearson};
 use crate::align::by_harness::of_sample;
 use crate::records::{HarnessStepMetrics, Sample};
-
-/// Pearson, largest |Δ| and mean k3 KL of rollout (`ro`) vs trainer (`tr`) log-probs.
-pub fn agreement(ro: &[f64], tr: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let max_abs = ro.iter().zip(tr).map(|(a, b)| (a - b).abs()).reduce(f64::max);
-    let kl = (!ro.is_empty()).then(|| {
-        ro.iter()
-            .zip(tr)
-            .map(|(r, t)| (t - r).exp() - 1.0 - (t - r))
-            .sum::<f64>()
-            / ro.len() as f64
-    });
-    (pearson(ro, tr), max_abs, kl)
-}
 
 /// The step's figures per harness; empty when no sample names one. `samples[i]` is the sample of
 /// `batch.seqs[i]` and `old[i]` its trainer log-probs; samples without a harness count as

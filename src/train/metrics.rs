@@ -45,6 +45,19 @@ pub fn mean_std(v: &[f64]) -> Option<(f64, f64)> {
     Some((m, var.sqrt()))
 }
 
+/// Pearson, largest |Δ| and mean k3 KL of rollout (`ro`) vs trainer (`tr`) log-probs.
+pub fn agreement(ro: &[f64], tr: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
+    let max_abs = ro.iter().zip(tr).map(|(a, b)| (a - b).abs()).reduce(f64::max);
+    let kl = (!ro.is_empty()).then(|| {
+        ro.iter()
+            .zip(tr)
+            .map(|(r, t)| (t - r).exp() - 1.0 - (t - r))
+            .sum::<f64>()
+            / ro.len() as f64
+    });
+    (pearson(ro, tr), max_abs, kl)
+}
+
 /// Results of the update loop that go into the metrics.
 pub(super) struct Finished {
     pub losses: Vec<f64>,
@@ -76,21 +89,7 @@ pub(super) fn step_metrics(
         ro.extend(r);
         tr.extend_from_slice(lp);
     }
-    let max_abs = ro
-        .iter()
-        .zip(&tr)
-        .map(|(a, b)| (a - b).abs())
-        .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
-    let kl = (!ro.is_empty()).then(|| {
-        ro.iter()
-            .zip(&tr)
-            .map(|(r, t)| {
-                let lr = t - r;
-                lr.exp() - 1.0 - lr
-            })
-            .sum::<f64>()
-            / ro.len() as f64
-    });
+    let (logprob_pearson, max_abs, kl) = agreement(&ro, &tr);
     let staleness = batch.staleness_histogram(prev);
     let stale_tokens: u64 = staleness.iter().sum();
     let total_tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
@@ -117,7 +116,7 @@ pub(super) fn step_metrics(
         samples: samples.len() as u64,
         policy_tokens: ro.len() as u64,
         tokens_per_second: (f.elapsed > 0.0).then(|| total_tokens as f64 / f.elapsed),
-        logprob_pearson: pearson(&ro, &tr),
+        logprob_pearson,
         logprob_pearson_seq_median: median(seq_r),
         logprob_max_abs_diff: max_abs,
         logprob_kl: kl,
