@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Generates the tiny test checkpoints and their transformers references, deterministically.
 
-Five checkpoints, each chosen by the basename of OUT: ``tiny-qwen3-moe`` (below), its bfloat16
+Six checkpoints, each chosen by the basename of OUT: ``tiny-qwen3-moe`` (below), its bfloat16
 copy ``tiny-qwen3-moe-bf16`` (build_bf16), its head_dim-32 variant ``tiny-qwen3-moe-hd32`` for
-vLLM-CPU (build_hd32), ``tiny-qwen3.5-moe`` and ``tiny-qwen3-next`` (see build_qwen35 /
-build_qwen3_next: the hybrid Gated DeltaNet + gated attention family). Without OUT, all five
-under testdata/models/generated.
+vLLM-CPU (build_hd32) and that variant in bfloat16 (``tiny-qwen3-moe-hd32-bf16``),
+``tiny-qwen3.5-moe`` and ``tiny-qwen3-next`` (see build_qwen35 / build_qwen3_next: the hybrid
+Gated DeltaNet + gated attention family). Without OUT, all six under testdata/models/generated.
 
 The checkpoint is 39 MB (the real 151936-token vocabulary, tied embeddings), too big to commit,
 so tests and setup produce it here instead: hidden 64, 3 layers with layer 1 dense
@@ -46,6 +46,17 @@ def build_hd32(out):
     max_position_embeddings 2048 (vLLM's default max_model_len: an overflow is cheap), for the
     tests against a real vLLM-CPU server (scripts/install-vllm.sh). Same seeds and other sizes."""
     write_moe(out, tiny_moe_model(head_dim=32, max_position_embeddings=2048), "tiny-qwen3-moe-hd32")
+
+
+def build_hd32_bf16(out):
+    """The head_dim-32 model's weights rounded to bfloat16 and saved as bfloat16, so the vLLM
+    tests serve the dtype users serve (``--dtype bfloat16``). ``reference.json`` only names it."""
+    model = tiny_moe_model(head_dim=32, max_position_embeddings=2048).to(torch.bfloat16)
+    model.save_pretrained(out)
+    import json
+
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump({"model": "tiny-qwen3-moe-hd32-bf16 (scripts/make_tiny_models.py)", "dtype": "bfloat16"}, f)
 
 
 def write_moe(out, model, label):
@@ -260,6 +271,7 @@ BUILDERS = {
     "tiny-qwen3-moe": build,
     "tiny-qwen3-moe-bf16": build_bf16,
     "tiny-qwen3-moe-hd32": build_hd32,
+    "tiny-qwen3-moe-hd32-bf16": build_hd32_bf16,
     "tiny-qwen3.5-moe": build_qwen35,
     "tiny-qwen3-next": build_qwen3_next,
 }
@@ -301,7 +313,7 @@ def add_tokenizer(out, name):
     # do, in place of the empty one save_pretrained writes: vLLM applies them to any request
     # that leaves a field out (lego-rl's client sends all).
     gen = os.path.join(out, "generation_config.json")
-    if name == "tiny-qwen3-moe-hd32" and "top_k" not in (open(gen).read() if os.path.isfile(gen) else ""):
+    if name.startswith("tiny-qwen3-moe-hd32") and "top_k" not in (open(gen).read() if os.path.isfile(gen) else ""):
         with open(gen + ".tmp", "w") as f:
             json.dump(QWEN3_GENERATION_CONFIG, f, indent=2)
         os.rename(gen + ".tmp", gen)

@@ -73,8 +73,8 @@ if [ "${LEGO_RL_SKIP_BUILD:-0}" != 1 ]; then
   say "building target/release/lego-rl"
   (cd "$root" && cargo build --release --locked --quiet 2>&1 | grep -v '^$' >&2 || exit "${PIPESTATUS[0]}")
 fi
-say "tiny Qwen3-MoE (fp32, bf16 and head_dim 32), Qwen3.5-MoE and Qwen3-Next checkpoints (testdata/models/generated)"
-for tiny in tiny-qwen3-moe tiny-qwen3-moe-bf16 tiny-qwen3-moe-hd32 tiny-qwen3.5-moe tiny-qwen3-next; do
+say "tiny Qwen3-MoE (fp32, bf16, head_dim 32 in fp32 and bf16), Qwen3.5-MoE and Qwen3-Next checkpoints (testdata/models/generated)"
+for tiny in tiny-qwen3-moe tiny-qwen3-moe-bf16 tiny-qwen3-moe-hd32 tiny-qwen3-moe-hd32-bf16 tiny-qwen3.5-moe tiny-qwen3-next; do
   "$py" "$root/scripts/make_tiny_models.py" "$root/testdata/models/generated/$tiny" >&2
 done
 

@@ -254,12 +254,16 @@ impl ReloadReport {
     }
 }
 
-/// A served model's log-probs of a fixed probe sequence against the checkpoint's own, computed
-/// in this process from the checkpoint directory.
+/// A served model's log-probs of a fixed probe sequence against the checkpoint's own
+/// ([`crate::model::probe`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Verification {
     /// Scored probe tokens.
     pub tokens: usize,
+    /// Where the checkpoint's log-probs came from: `probe.json` (train-step wrote them with the
+    /// weights) or `scored` (this process loaded the checkpoint and scored the probe).
+    #[serde(default)]
+    pub reference: String,
     /// Largest |served − checkpoint| log-prob over the probe's tokens.
     pub max_abs_delta: f64,
     /// The largest delta that passes.

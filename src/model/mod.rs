@@ -10,6 +10,7 @@
 //!   `[positions, vocab]` logits for the backward.
 //! - [`KvCache`] + [`ForwardInput`] with positions let an inference engine decode incrementally;
 //!   [`CausalLm::decode_batch`] decodes one token of several sequences (own caches) in one forward.
+//! - [`probe`]: the fixed sequence whose log-probs verify that a server serves a checkpoint.
 //! - [`shapes`]: every parameter's name, shape and role for a config, without building the model
 //!   (memory plans, parameter counts).
 
@@ -21,6 +22,7 @@ mod gated_deltanet;
 mod head;
 mod layers;
 mod moe;
+pub mod probe;
 mod qwen3;
 pub mod sampled;
 pub mod shapes;

@@ -13,7 +13,7 @@ use super::state::SavedState;
 use super::trainer::{CheckpointInfo, Trainer, INFO_FILE};
 use super::TrainError;
 use crate::c10d::ProcessGroup;
-use crate::model::Model;
+use crate::model::{probe, Model};
 
 impl Trainer {
     /// Loads a checkpoint and, when present, its optimizer state and `lego-rl.json`.
@@ -98,13 +98,20 @@ impl Trainer {
         super::state::save(dir, &self.groups, &comms, ep)
     }
 
+    /// `lego-rl.json`, and the weight probe's log-probs (`probe.json`, [`crate::model::probe`])
+    /// when this process holds the whole model in the dtypes it saves; otherwise a server
+    /// following this run scores the checkpoint itself.
     fn save_info(&self, dir: &Path) -> Result<(), TrainError> {
         let path = dir.join(INFO_FILE);
         let text = serde_json::to_string_pretty(&self.info).expect("invariant: info serializes");
         std::fs::write(&path, text + "\n").map_err(|e| TrainError::Output {
             path,
             msg: e.to_string(),
-        })
+        })?;
+        if self.expert.is_none() && probe::fits(&self.model) && probe::computes_as_saved(&self.model) {
+            probe::write(dir, &self.model, self.info.policy_version)?;
+        }
+        Ok(())
     }
 
     /// [`Trainer::save_atomic_on`] for one process.

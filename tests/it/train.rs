@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lego_rl::model::{ForwardInput, KvCache, Model};
+use lego_rl::model::{probe, ForwardInput, KvCache, Model};
 use lego_rl::records::{LossMask, Packed, Record, Sample, StepMetrics};
 use lego_rl::train::{AdamWConfig, LossKind, Settings, Trainer};
 use tch::{Device, Kind, Tensor};
@@ -154,6 +154,13 @@ fn train_step_writes_checkpoint_and_metrics() {
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("lego-rl.json")).unwrap()).unwrap();
     assert_eq!(info["policy_version"], 1);
+    // The weight probe is the updated weights' (not the parent's), as a server scores them.
+    let lp = probe_matches_checkpoint(&out);
+    assert_ne!(
+        lp,
+        probe::logprobs(&model),
+        "the step moved the probe's log-probs"
+    );
     // A copy that kept the step counter but lost the optimizer state is refused by name, not
     // resumed with fresh moments under a late step's bias correction.
     let partial = tmp.path().join("partial");
@@ -165,6 +172,12 @@ fn train_step_writes_checkpoint_and_metrics() {
         .unwrap();
     assert!(copied.success());
     std::fs::remove_dir_all(partial.join("optimizer")).unwrap();
+    // A probe.json copied along into a checkpoint of another version is not trusted: a reload
+    // that kept the old weights would otherwise verify against it.
+    let mut other: serde_json::Value = info.clone();
+    other["policy_version"] = 2.into();
+    std::fs::write(partial.join("lego-rl.json"), other.to_string()).unwrap();
+    assert_eq!(probe::read(&partial).unwrap(), None);
     let e = Trainer::load(&partial, Device::Cpu, None)
         .unwrap_err()
         .to_string();
@@ -698,4 +711,15 @@ fn replay_off_reports_lower_agreement_and_overlap_than_replay() {
         serde_json::json!(m.logprob_pearson)
     );
     assert!(gate("logprob_pearson")["value"].is_null(), "{report}");
+}
+
+/// Asserts `ckpt/probe.json` (written by train-step with the weights) holds exactly the
+/// log-probs of scoring the saved checkpoint, and returns them.
+pub(crate) fn probe_matches_checkpoint(ckpt: &std::path::Path) -> Vec<f32> {
+    let written = probe::read(ckpt)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}: no usable probe.json", ckpt.display()));
+    let scored = probe::logprobs(&Model::load(ckpt, Device::Cpu, None).unwrap());
+    assert_eq!(written, scored, "{}", ckpt.display());
+    written
 }

@@ -411,6 +411,20 @@ fn resumes_bit_exactly(world: usize, zero: bool, ep: usize, f32: bool) {
     );
     assert!(masters > 0, "the optimizer state holds masters");
     assert!(weights_moved, "the steps moved the weights");
+    // The weight probe: written where the trainer holds the whole model in the saved dtype (not
+    // under expert parallelism, not with fp32 compute over bf16 weights), equal to scoring the
+    // saved checkpoint, and resumed bit for bit like the weights.
+    let written = ep == 1 && !f32;
+    for d in [&two, &dir.join("one"), &dir.join("resumed")] {
+        assert_eq!(d.join("probe.json").is_file(), written, "{}", d.display());
+    }
+    if written {
+        let lp = crate::train::probe_matches_checkpoint(&two);
+        assert_eq!(
+            Some(lp),
+            lego_rl::model::probe::read(&dir.join("resumed")).unwrap()
+        );
+    }
 }
 
 /// Asserts every tensor of `files` is equal in checkpoints `a` and `b`; returns (tensors,

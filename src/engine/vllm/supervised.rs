@@ -2,8 +2,9 @@
 //! verification and restarts; and the verification itself, which `--backend vllm:URL` uses too.
 //!
 //! **Verification.** A reload is only trusted once the server's log-probs of a fixed probe
-//! sequence match the checkpoint's own, computed in this process by the embedded engine from the
-//! checkpoint directory (the trainer's model code). vLLM scores the probe through the same path
+//! sequence match the checkpoint's own ([`crate::model::probe`]): the `probe.json` train-step
+//! wrote with the weights, else scored in this process on the checkpoint (the trainer's model
+//! code either way). vLLM scores the probe through the same path
 //! as forced tokens (`prompt_logprobs`, see [`super::VllmBackend`]). The tolerance is calibrated
 //! on the fresh server: [`TOLERANCE_FACTOR`] times the largest difference measured right after
 //! start (numerical noise between two engines on the same weights), and never below
@@ -27,8 +28,8 @@ use futures::FutureExt;
 
 use super::server::{ServeOptions, VllmServer};
 use super::VllmBackend;
-use crate::engine::embedded::EmbeddedBackend;
 use crate::engine::{Backend, EngineError, GenerateOutput, GenerateRequest, ReloadReport, Verification};
+use crate::model::{probe, Model};
 
 const NAME: &str = "vllm-serve";
 
@@ -37,15 +38,8 @@ pub const TOLERANCE_FACTOR: f64 = 4.0;
 /// …and never less than this (nats).
 pub const TOLERANCE_FLOOR: f64 = 1e-3;
 
-/// The probe: 8 prompt tokens, then 24 scored ones. Ids below 10,100 exist in every vocabulary
-/// this project serves; the sequence is fixed so runs compare.
-pub fn probe() -> (Vec<u32>, Vec<u32>) {
-    let ids: Vec<u32> = (0..32u32).map(|i| (i * 7919 + 13) % 10_000 + 100).collect();
-    (ids[..8].to_vec(), ids[8..].to_vec())
-}
-
 fn probe_request() -> GenerateRequest {
-    let (prompt, forced) = probe();
+    let (prompt, forced) = probe::sequence();
     GenerateRequest {
         prompt_ids: prompt,
         sampling: crate::records::Sampling {
@@ -59,13 +53,35 @@ fn probe_request() -> GenerateRequest {
     }
 }
 
-/// The probe's log-probs under the checkpoint in `dir`, from the embedded engine.
-pub async fn reference_logprobs(dir: &Path, device: tch::Device) -> Result<Vec<f32>, EngineError> {
+/// Where a reference came from ([`Verification::reference`]).
+pub const FROM_PROBE_FILE: &str = "probe.json";
+pub const FROM_SCORING: &str = "scored";
+
+/// The probe's log-probs under the checkpoint in `dir`: its `probe.json` when train-step wrote
+/// a usable one, else scored here on the checkpoint loaded in its own dtype. Returns the
+/// log-probs and where they came from.
+pub async fn reference_logprobs(
+    dir: &Path,
+    device: tch::Device,
+) -> Result<(Vec<f32>, &'static str), EngineError> {
+    if let Some(lp) = probe::read(dir).map_err(|e| failed(e.to_string()))? {
+        return Ok((lp, FROM_PROBE_FILE));
+    }
     let d = dir.to_path_buf();
-    let engine = tokio::task::spawn_blocking(move || EmbeddedBackend::start(&d, device))
-        .await
-        .map_err(|e| failed(e.to_string()))??;
-    Ok(engine.generate(probe_request()).await?.logprobs)
+    let scored = tokio::task::spawn_blocking(move || {
+        let m = Model::load(&d, device, None).map_err(|e| e.to_string())?;
+        if !probe::fits(&m) {
+            return Err(format!(
+                "{}: a vocabulary of {} tokens; the weight probe needs at least {}",
+                d.display(),
+                m.cfg().vocab_size,
+                probe::MIN_VOCAB
+            ));
+        }
+        Ok(probe::logprobs(&m))
+    });
+    let lp = scored.await.map_err(|e| failed(e.to_string()))?.map_err(failed)?;
+    Ok((lp, FROM_SCORING))
 }
 
 /// Checks served weights against checkpoints.
@@ -75,7 +91,7 @@ pub struct Verifier {
     tolerance: Mutex<Option<f64>>,
     /// The last checkpoint's reference log-probs: a reload that restarts checks the same
     /// checkpoint twice, and loading it is the expensive part.
-    reference: tokio::sync::Mutex<Option<(PathBuf, Vec<f32>)>>,
+    reference: tokio::sync::Mutex<Option<(PathBuf, Vec<f32>, &'static str)>>,
 }
 
 impl Verifier {
@@ -91,13 +107,13 @@ impl Verifier {
     /// Measures a server known to serve `dir` (fresh) and sets the tolerance from it, unless
     /// one was given.
     pub async fn calibrate(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
-        let (tokens, max_abs_delta) = self.delta(client, dir).await?;
+        let (tokens, max_abs_delta, source) = self.delta(client, dir).await?;
         let tolerance = *self
             .tolerance
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert((TOLERANCE_FACTOR * max_abs_delta).max(TOLERANCE_FLOOR));
-        Ok(Verification::new(tokens, max_abs_delta, tolerance))
+        Ok(Verification::new(tokens, max_abs_delta, tolerance, source))
     }
 
     /// Whether the server now serves `dir`'s weights.
@@ -107,18 +123,23 @@ impl Verifier {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .unwrap_or(TOLERANCE_FLOOR);
-        let (tokens, max_abs_delta) = self.delta(client, dir).await?;
-        Ok(Verification::new(tokens, max_abs_delta, tolerance))
+        let (tokens, max_abs_delta, source) = self.delta(client, dir).await?;
+        Ok(Verification::new(tokens, max_abs_delta, tolerance, source))
     }
 
-    async fn delta(&self, client: &VllmBackend, dir: &Path) -> Result<(usize, f64), EngineError> {
+    async fn delta(
+        &self,
+        client: &VllmBackend,
+        dir: &Path,
+    ) -> Result<(usize, f64, &'static str), EngineError> {
         let served = client.generate(probe_request()).await?.logprobs;
         let mut cached = self.reference.lock().await;
-        let reference = match cached.as_ref() {
-            Some((d, r)) if d == dir => r,
+        let (reference, source) = match cached.as_ref() {
+            Some((d, r, source)) if d == dir => (r, *source),
             _ => {
-                let r = reference_logprobs(dir, self.device).await?;
-                &cached.insert((dir.to_path_buf(), r)).1
+                let (r, source) = reference_logprobs(dir, self.device).await?;
+                let (_, r, _) = cached.insert((dir.to_path_buf(), r, source));
+                (&*r, source)
             }
         };
         if served.len() != reference.len() {
@@ -133,14 +154,15 @@ impl Verifier {
             .zip(reference)
             .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
             .fold(0.0, f64::max);
-        Ok((served.len(), max))
+        Ok((served.len(), max, source))
     }
 }
 
 impl Verification {
-    fn new(tokens: usize, max_abs_delta: f64, tolerance: f64) -> Self {
+    fn new(tokens: usize, max_abs_delta: f64, tolerance: f64, reference: &str) -> Self {
         Verification {
             tokens,
+            reference: reference.into(),
             max_abs_delta,
             tolerance,
             passed: max_abs_delta <= tolerance,
