@@ -84,10 +84,10 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l no-prog
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l strict -d 'Fail on the first bad input record instead of skipping and counting it (build-images, rollout, align, validate, report). train-step always stops at a bad sample, and filter-tasks at a bad task unless given its own --keep-going'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s i -l input -d 'Tasks (zstd JSONL); relative paths in them resolve against this file\'s directory' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s o -l output -d 'Image manifest (zstd JSONL)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s j -l jobs -d 'Parallel builds' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l base-image -d 'Base image of tasks without their own Dockerfile' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s i -l input -d 'Tasks (zstd JSONL); relative paths in them resolve against this file\'s directory. The global --strict applies to its records' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s o -l output -d 'Image manifest (zstd JSONL) of the tasks of --input' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s j -l jobs -d 'Parallel image builds (of the tasks of --input)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l base-image -d 'Base image of tasks without their own Dockerfile, and of the harness runtimes' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l log-dir -d 'Directory for per-image build logs (default: `<output dir>/build-logs`, or ./build-logs)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -l harness -d 'Harness adapter (TOML) whose agent runtime to build into a volume; repeatable' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand build-images" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'

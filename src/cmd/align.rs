@@ -51,30 +51,64 @@ pub struct AlignArgs {
     pub jobs: Option<usize>,
 }
 
+/// What the flags resolve to, checked before any work starts (a missing second input would
+/// otherwise surface only after the first was aligned).
+struct Resolved {
+    files: Files,
+    settings: Settings,
+    options: RunOptions,
+}
+
+impl Resolved {
+    fn from_args(args: AlignArgs, global: &GlobalArgs) -> anyhow::Result<Self> {
+        if args.input.iter().filter(|p| crate::io::is_stdio(p)).count() > 1 {
+            anyhow::bail!("stdin (`-`) can be given once as input");
+        }
+        if let Some(missing) = args
+            .input
+            .iter()
+            .find(|p| !crate::io::is_stdio(p) && !p.is_file())
+        {
+            anyhow::bail!("-i {}: no such file", missing.display());
+        }
+        anyhow::ensure!(args.jobs != Some(0), "--jobs 0: need at least 1");
+        if let Some(stats) = &args.stats {
+            if crate::io::is_stdio(stats) && crate::io::is_stdio(&args.output) {
+                anyhow::bail!("--stats -: the samples already go to stdout; give -o FILE or --stats FILE");
+            }
+            if !crate::io::is_stdio(stats) && stats == &args.output {
+                anyhow::bail!("--stats {}: the same file as -o", stats.display());
+            }
+        }
+        let settings = Settings::new(args.match_mode, args.model.as_deref())?;
+        let jobs = args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        Ok(Resolved {
+            files: Files {
+                inputs: args.input,
+                output: args.output,
+                stats: args.stats,
+            },
+            settings,
+            options: RunOptions {
+                jobs,
+                read: global.read_options(),
+                progress: crate::ui::progress_enabled(global),
+            },
+        })
+    }
+}
+
 /// Runs `align`.
 pub fn run(args: AlignArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    if args.input.iter().filter(|p| crate::io::is_stdio(p)).count() > 1 {
-        anyhow::bail!("stdin (`-`) can be given once as input");
-    }
-    let settings = Settings::new(args.match_mode, args.model.as_deref())?;
-    let files = Files {
-        inputs: args.input,
-        output: args.output,
-        stats: args.stats,
-    };
-    let total = crate::align::run(
-        &files,
-        &settings,
-        RunOptions {
-            jobs: args
-                .jobs
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-                .max(1),
-            read: global.read_options(),
-            progress: crate::ui::progress_enabled(global),
-        },
-    )
-    .with_context(|| format!("aligning into {}", files.output.display()))?;
+    let Resolved {
+        files,
+        settings,
+        options,
+    } = Resolved::from_args(args, global)?;
+    let total = crate::align::run(&files, &settings, options)
+        .with_context(|| format!("aligning into {}", files.output.display()))?;
     tracing::info!(
         trajectories = total.trajectories,
         samples = total.samples,

@@ -35,67 +35,126 @@ use crate::settings::GlobalArgs;
 // Verbatim: keeps the `Example:` block's lines as written.
 #[command(verbatim_doc_comment)]
 pub struct BuildImagesArgs {
-    /// Tasks (zstd JSONL); relative paths in them resolve against this file's directory.
+    /// Tasks (zstd JSONL); relative paths in them resolve against this file's directory. The
+    /// global --strict applies to its records.
     #[arg(short, long, required_unless_present = "harness")]
     pub input: Option<PathBuf>,
-    /// Image manifest (zstd JSONL).
-    #[arg(short, long, default_value = "-")]
+    /// Image manifest (zstd JSONL) of the tasks of --input.
+    #[arg(short, long, default_value = "-", requires = "input")]
     pub output: PathBuf,
-    /// Parallel builds.
-    #[arg(short, long, default_value_t = 2)]
+    /// Parallel image builds (of the tasks of --input).
+    #[arg(short, long, default_value_t = 2, requires = "input")]
     pub jobs: usize,
-    /// Base image of tasks without their own Dockerfile.
+    /// Base image of tasks without their own Dockerfile, and of the harness runtimes.
     #[arg(long, default_value = DEFAULT_BASE_IMAGE)]
     pub base_image: String,
     /// Directory for per-image build logs (default: `<output dir>/build-logs`, or ./build-logs).
-    #[arg(long)]
+    #[arg(long, requires = "input")]
     pub log_dir: Option<PathBuf>,
     /// Harness adapter (TOML) whose agent runtime to build into a volume; repeatable.
     #[arg(long, value_name = "FILE")]
     pub harness: Vec<PathBuf>,
 }
 
+/// What the flags resolve to, worked out before any work starts: every flag is checked and every
+/// input read here, so a typo or a bad record fails before the first (minutes-long) build.
+struct Resolved {
+    /// The harnesses whose runtimes to build (none: images only).
+    harnesses: Vec<Harness>,
+    /// The image builds, when --input is given.
+    images: Option<Images>,
+    base_image: String,
+}
+
+/// The image builds of `--input`'s tasks.
+struct Images {
+    tasks: Vec<Task>,
+    settings: BuildSettings,
+    output: PathBuf,
+}
+
+impl Resolved {
+    fn from_args(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Self> {
+        anyhow::ensure!(args.jobs >= 1, "--jobs 0: need at least 1");
+        if global.strict && args.input.is_none() {
+            anyhow::bail!("--strict: build-images reads records only from --input (harness adapters are always checked)");
+        }
+        let harnesses = args
+            .harness
+            .iter()
+            .map(|p| Harness::load(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let images = match &args.input {
+            Some(input) => Some(Images::resolve(input, &args, global)?),
+            None => None,
+        };
+        Ok(Resolved {
+            harnesses,
+            images,
+            base_image: args.base_image,
+        })
+    }
+}
+
+impl Images {
+    fn resolve(input: &Path, args: &BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Self> {
+        let tasks: Vec<Task> = read_all(input, global.read_options())
+            .with_context(|| format!("reading tasks from {}", input.display()))?;
+        let task_root = input
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."));
+        let log_dir = args
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| match args.output.to_str() {
+                Some("-") | None => PathBuf::from("build-logs"),
+                Some(_) => args.output.parent().unwrap_or(Path::new(".")).join("build-logs"),
+            });
+        Ok(Images {
+            tasks,
+            settings: BuildSettings {
+                base_image: args.base_image.clone(),
+                jobs: args.jobs,
+                log_dir,
+                task_root,
+            },
+            output: args.output.clone(),
+        })
+    }
+}
+
 /// Runs `build-images`.
 pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let harnesses = args
-        .harness
-        .iter()
-        .map(|p| Harness::load(p))
-        .collect::<Result<Vec<_>, _>>()?;
+    let resolved = Resolved::from_args(args, global)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let runtimes_ok = harnesses.is_empty() || build_runtimes(&rt, &harnesses, &args.base_image)?;
-    let Some(input) = &args.input else {
-        return Ok(if runtimes_ok {
-            Outcome::Ok
-        } else {
-            Outcome::Failures
-        });
+    let runtimes_ok =
+        resolved.harnesses.is_empty() || build_runtimes(&rt, &resolved.harnesses, &resolved.base_image)?;
+    let images_ok = match &resolved.images {
+        Some(images) => build_task_images(&rt, images, global)?,
+        None => true,
     };
-    let tasks: Vec<Task> = read_all(input, global.read_options())
-        .with_context(|| format!("reading tasks from {}", input.display()))?;
-    let task_root = input
-        .parent()
-        .map(Path::to_path_buf)
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or_else(|| PathBuf::from("."));
-    let log_dir = args
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| match args.output.to_str() {
-            Some("-") | None => PathBuf::from("build-logs"),
-            Some(_) => args.output.parent().unwrap_or(Path::new(".")).join("build-logs"),
-        });
-    let settings = BuildSettings {
-        base_image: args.base_image.clone(),
-        jobs: args.jobs.max(1),
-        log_dir,
-        task_root,
-    };
+    Ok(if images_ok && runtimes_ok {
+        Outcome::Ok
+    } else {
+        Outcome::Failures
+    })
+}
+
+/// Builds (or finds) the tasks' images and writes their manifest, with a summary on stderr; false
+/// if any failed.
+fn build_task_images(
+    rt: &tokio::runtime::Runtime,
+    images: &Images,
+    global: &GlobalArgs,
+) -> anyhow::Result<bool> {
+    let tasks = &images.tasks;
     let bar = crate::ui::bar(crate::ui::progress_enabled(global), tasks.len() as u64, "images");
     let run_id = format!("build-{}", uuid::Uuid::new_v4().simple());
     let records: Vec<ImageRecord> = rt.block_on(async {
         let engine = Engine::connect().await?;
-        build_images(&engine, &tasks, &settings, &run_id, &|r: &ImageRecord| {
+        build_images(&engine, tasks, &images.settings, &run_id, &|r: &ImageRecord| {
             bar.inc(1);
             if let Some(e) = &r.error {
                 tracing::error!("{}: {e}", r.task_id);
@@ -112,8 +171,8 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
         .await
     })?;
     bar.finish_and_clear();
-    let mut out =
-        AtomicWriter::create(&args.output).with_context(|| format!("writing {}", args.output.display()))?;
+    let output = &images.output;
+    let mut out = AtomicWriter::create(output).with_context(|| format!("writing {}", output.display()))?;
     for r in &records {
         out.write(r)?;
     }
@@ -130,11 +189,7 @@ pub fn run(args: BuildImagesArgs, global: &GlobalArgs) -> anyhow::Result<Outcome
     for r in &failed {
         crate::stderr_line!("  failed: {}: {}", r.task_id, r.error.as_deref().unwrap_or(""));
     }
-    Ok(if failed.is_empty() && runtimes_ok {
-        Outcome::Ok
-    } else {
-        Outcome::Failures
-    })
+    Ok(failed.is_empty())
 }
 
 /// Builds (or finds) the harnesses' runtime volumes, one summary line each on stderr; false if any

@@ -79,7 +79,7 @@ pub struct ReportArgs {
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Trajectories whose full detail the static page embeds.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, conflicts_with = "serve")]
     pub max_trajectories: usize,
     /// Serve the live UI instead of writing files.
     #[arg(long, conflicts_with = "output")]
@@ -98,7 +98,7 @@ pub struct ReportArgs {
     #[arg(long, requires = "assistant")]
     pub assistant_model: Option<String>,
     /// Environment variable holding the assistant URL's API key (sent as a bearer token).
-    #[arg(long, default_value = API_KEY_ENV, value_name = "VAR")]
+    #[arg(long, default_value = API_KEY_ENV, value_name = "VAR", requires = "assistant")]
     pub assistant_api_key_env: String,
     /// Model directory with tokenizer.json (and chat template): counts prompt tokens exactly
     /// (default for embedded: the checkpoint; a URL without it gets 3 characters per token).
@@ -108,7 +108,7 @@ pub struct ReportArgs {
     #[arg(long, value_name = "TOKENS", requires = "assistant")]
     pub assistant_context: Option<usize>,
     /// Most tokens of one answer.
-    #[arg(long, default_value_t = 512, value_name = "TOKENS")]
+    #[arg(long, default_value_t = 512, value_name = "TOKENS", requires = "assistant")]
     pub assistant_max_tokens: u32,
     /// Where the live UI saves conversations (JSONL, appended; default RUN/report/conversations.jsonl).
     #[arg(long, value_name = "FILE", requires = "serve")]
@@ -118,14 +118,109 @@ pub struct ReportArgs {
     #[arg(long, requires = "assistant", conflicts_with = "serve")]
     pub summarize: bool,
     /// Requests in flight at once while summarizing.
-    #[arg(long, default_value_t = 4, value_name = "N")]
+    #[arg(long, default_value_t = 4, value_name = "N", requires = "summarize")]
     pub summarize_jobs: usize,
     /// Most prompt tokens per summarized trial.
-    #[arg(long, default_value_t = 4096, value_name = "TOKENS")]
+    #[arg(long, default_value_t = 4096, value_name = "TOKENS", requires = "summarize")]
     pub summarize_tokens: usize,
     /// Retries of a failed request before the trial's cause is recorded as unknown.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = 2, value_name = "N", requires = "summarize")]
     pub summarize_retries: u32,
+}
+
+/// What `report` does, worked out from its flags before any work starts (an embedded assistant
+/// takes a while to load; a bad `--bind` or a flag the mode ignores fails before it).
+struct Resolved {
+    run: PathBuf,
+    thresholds: Thresholds,
+    assistant: Option<AssistantSettings>,
+    mode: Mode,
+}
+
+/// Static files or the live UI.
+enum Mode {
+    /// OUT/index.html and the CSV files, after the diagnoses when `summarize` is set.
+    Static {
+        output: PathBuf,
+        max_trajectories: usize,
+        strict: bool,
+        summarize: Option<SummarizeSettings>,
+    },
+    /// The live UI on `bind`; the assistant's conversations are saved to `conversations`.
+    Serve { bind: String, conversations: PathBuf },
+}
+
+impl Resolved {
+    fn from_args(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Self> {
+        if !args.run.is_dir() {
+            anyhow::bail!("{}: not a directory", args.run.display());
+        }
+        let thresholds = Thresholds::default()
+            .with_overrides(&args.advisories)
+            .map_err(anyhow::Error::msg)?;
+        if args.assistant_max_tokens == 0 || args.summarize_jobs == 0 {
+            anyhow::bail!("--assistant-max-tokens and --summarize-jobs must be at least 1");
+        }
+        anyhow::ensure!(
+            args.summarize_tokens >= 1,
+            "--summarize-tokens 0: need at least 1"
+        );
+        anyhow::ensure!(
+            args.assistant_context != Some(0),
+            "--assistant-context 0: need at least 1"
+        );
+        if args.assistant.is_some() && !args.serve && !args.summarize {
+            anyhow::bail!("--assistant is used by --serve (the Ask box) or --summarize; give one of them");
+        }
+        if let Some(AssistantSpec::Embedded(_)) = &args.assistant {
+            if args.assistant_model.is_some() {
+                anyhow::bail!(
+                    "--assistant-model: only an assistant URL is sent a model name; an embedded one \
+                     answers as `assistant`"
+                );
+            }
+            if args.assistant_api_key_env != API_KEY_ENV {
+                anyhow::bail!(
+                    "--assistant-api-key-env: only an assistant URL is sent an API key, not an embedded one"
+                );
+            }
+        }
+        let assistant = args.assistant_settings();
+        let mode = if args.serve {
+            if global.strict {
+                anyhow::bail!(
+                    "--strict: report --serve follows files still being written and skips their bad \
+                     records; --strict applies to the static report"
+                );
+            }
+            std::net::ToSocketAddrs::to_socket_addrs(args.bind.as_str())
+                .with_context(|| format!("--bind {}: expected HOST:PORT", args.bind))?;
+            Mode::Serve {
+                conversations: args
+                    .conversations
+                    .unwrap_or_else(|| args.run.join("report/conversations.jsonl")),
+                bind: args.bind,
+            }
+        } else {
+            Mode::Static {
+                output: args.output.unwrap_or_else(|| args.run.join("report")),
+                max_trajectories: args.max_trajectories,
+                strict: global.strict,
+                summarize: args.summarize.then(|| SummarizeSettings {
+                    concurrency: args.summarize_jobs,
+                    max_prompt_tokens: args.summarize_tokens,
+                    retries: args.summarize_retries,
+                    progress: crate::ui::progress_enabled(global),
+                }),
+            }
+        };
+        Ok(Resolved {
+            run: args.run,
+            thresholds,
+            assistant,
+            mode,
+        })
+    }
 }
 
 impl ReportArgs {
@@ -143,84 +238,72 @@ impl ReportArgs {
 
 /// Runs `report`.
 pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    if !args.run.is_dir() {
-        anyhow::bail!("{}: not a directory", args.run.display());
-    }
-    let thresholds = Thresholds::default()
-        .with_overrides(&args.advisories)
-        .map_err(anyhow::Error::msg)?;
-    if args.assistant_max_tokens == 0 || args.summarize_jobs == 0 {
-        anyhow::bail!("--assistant-max-tokens and --summarize-jobs must be at least 1");
-    }
-    if args.assistant.is_some() && !args.serve && !args.summarize {
-        anyhow::bail!("--assistant is used by --serve (the Ask box) or --summarize; give one of them");
-    }
+    let resolved = Resolved::from_args(args, global)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let assistant = match args.assistant_settings() {
-        Some(s) => Some(Arc::new(rt.block_on(Assistant::start(&s))?)),
+    let assistant = match &resolved.assistant {
+        Some(s) => Some(Arc::new(rt.block_on(Assistant::start(s))?)),
         None => None,
     };
-    if args.serve {
-        let live = LiveOptions {
-            assist: assistant.map(|assistant| Assist {
-                assistant,
-                conversations: args
-                    .conversations
-                    .clone()
-                    .unwrap_or_else(|| args.run.join("report/conversations.jsonl")),
-            }),
-        };
-        rt.block_on(serve::serve(&args.run, &args.bind, thresholds, live, |addr| {
+    let run = &resolved.run;
+    match resolved.mode {
+        Mode::Serve { bind, conversations } => {
+            let live = LiveOptions {
+                assist: assistant.map(|assistant| Assist {
+                    assistant,
+                    conversations,
+                }),
+            };
+            rt.block_on(serve::serve(run, &bind, resolved.thresholds, live, |addr| {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "serving {} on http://{addr}/", run.display());
+                let _ = out.flush();
+            }))?;
+        }
+        Mode::Static {
+            output,
+            max_trajectories,
+            strict,
+            summarize: summarize_settings,
+        } => {
+            let mut files = Vec::new();
+            let mut embed = HashSet::new();
+            if let (Some(s), Some(assistant)) = (summarize_settings, assistant) {
+                let run_files = RunFiles::discover(run, false)?;
+                let opts = ReadOptions {
+                    strict,
+                    torn_tail: TornTail::Error,
+                };
+                let d = rt.block_on(summarize(&run_files, opts, assistant, &s, &output))?;
+                let unknown = d.causes.iter().filter(|c| !c.answered).count();
+                if unknown > 0 {
+                    tracing::warn!(
+                        "{unknown} of {} trials have no cause: their requests failed",
+                        d.causes.len()
+                    );
+                }
+                files.extend(d.files);
+                embed.extend(d.examples);
+            }
+            let settings = StaticSettings {
+                output,
+                run: run.clone(),
+                max_trajectories,
+                strict,
+                advisories: resolved.thresholds,
+                embed,
+            };
+            let w = write_static(&settings)?;
+            files.extend(w.files);
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "serving {} on http://{addr}/", args.run.display());
-            let _ = out.flush();
-        }))?;
-        return Ok(Outcome::Ok);
-    }
-    let output = args.output.clone().unwrap_or_else(|| args.run.join("report"));
-    let mut files = Vec::new();
-    let mut embed = HashSet::new();
-    if let (true, Some(assistant)) = (args.summarize, assistant) {
-        let run_files = RunFiles::discover(&args.run, false)?;
-        let opts = ReadOptions {
-            strict: global.strict,
-            torn_tail: TornTail::Error,
-        };
-        let s = SummarizeSettings {
-            concurrency: args.summarize_jobs,
-            max_prompt_tokens: args.summarize_tokens,
-            retries: args.summarize_retries,
-            progress: crate::ui::progress_enabled(global),
-        };
-        let d = rt.block_on(summarize(&run_files, opts, assistant, &s, &output))?;
-        let unknown = d.causes.iter().filter(|c| !c.answered).count();
-        if unknown > 0 {
-            tracing::warn!(
-                "{unknown} of {} trials have no cause: their requests failed",
-                d.causes.len()
+            for f in &files {
+                writeln!(out, "{}", f.display())?;
+            }
+            tracing::info!(
+                "{} trajectories summarized, {} embedded in detail",
+                w.trajectories,
+                w.embedded
             );
         }
-        files.extend(d.files);
-        embed.extend(d.examples);
     }
-    let settings = StaticSettings {
-        output,
-        run: args.run,
-        max_trajectories: args.max_trajectories,
-        strict: global.strict,
-        advisories: thresholds,
-        embed,
-    };
-    let w = write_static(&settings)?;
-    files.extend(w.files);
-    let mut out = std::io::stdout().lock();
-    for f in &files {
-        writeln!(out, "{}", f.display())?;
-    }
-    tracing::info!(
-        "{} trajectories summarized, {} embedded in detail",
-        w.trajectories,
-        w.embedded
-    );
     Ok(Outcome::Ok)
 }

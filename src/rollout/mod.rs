@@ -13,7 +13,8 @@
 //!   groups in flight, and a rerun with the same output skips every (task, group, sample) already
 //!   there: each key ends up in the file exactly once.
 //! - **Concurrency**: at most `concurrency` trials run at once; the next group's trials start as
-//!   slots free up.
+//!   slots free up. `run` loads, plans and starts the services; `scheduler.rs` holds the groups
+//!   and trials in flight and what happens as each trial ends.
 //! - **Timeouts, in order**: sandbox setup runs inside the trial's budget (setup + agent + eval +
 //!   slack; a watchdog ends a trial that exceeds it as `infra:timeout`, so a hung setup never holds
 //!   a slot); the proxy never times out a model call on its own (the HTTP engine clients have no
@@ -36,15 +37,13 @@ pub mod harnesses;
 pub mod judge;
 pub mod plan;
 mod progress;
+mod scheduler;
 pub mod trial;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use indicatif::ProgressBar;
-use tokio::task::JoinSet;
+use std::time::Duration;
 
 pub use backend::{check_flags, server_log, BackendSpec, VllmOptions};
 pub use dynamic::{DynamicConfig, DynamicSummary};
@@ -53,11 +52,11 @@ pub use harnesses::{Assignment, HarnessMix};
 pub use plan::{GroupPlan, Shard};
 
 use crate::chat::ChatFormat;
-use crate::engine::PrefixCacheStats;
+use crate::engine::{Backend, PrefixCacheStats};
 use crate::harness::Harness;
 use backend::{check_behaviour_logprobs, is_moe, load_chat, start_backend};
 use plan::{existing, usable_tasks};
-use progress::Progress;
+use scheduler::{Scheduler, Work};
 
 use crate::io::{read_all, AppendWriter, ReadOptions};
 use crate::proxy::{HarnessSampling, Proxy, ProxyConfig};
@@ -219,19 +218,29 @@ fn task_root(tasks: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-struct GroupState {
-    plan: GroupPlan,
-    policy_version: u64,
-    remaining: usize,
-    trajectories: Vec<Trajectory>,
-    started: Instant,
+/// The backend's own checkpoint directory (embedded engine, `vllm-serve`), if it has one.
+fn served_dir(cfg: &RolloutConfig) -> Option<&PathBuf> {
+    match &cfg.backend {
+        BackendSpec::Embedded(dir) | BackendSpec::VllmServe(dir) => Some(dir),
+        _ => None,
+    }
 }
 
-/// Runs a rollout to completion (or until `max_trajectories`), appending to `cfg.output`.
-pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
-    if cfg.group_size == 0 {
-        return Err(RolloutError::Invalid("--group-size must be at least 1".into()));
-    }
+/// What a run reads before it plans: the harnesses, and the shard's tasks that have an image.
+struct Inputs {
+    harnesses: Vec<Harness>,
+    forced: Vec<Forced>,
+    tasks: Vec<Task>,
+    /// Dynamic sampling's pool (empty when it is off).
+    pool: Vec<Task>,
+    image_of: HashMap<String, String>,
+    assignment: Assignment,
+    tasks_without_image: u64,
+}
+
+/// Loads the harnesses, forced scripts, tasks and images (and the task pool), and keeps the
+/// shard's tasks that have an image.
+fn load_inputs(cfg: &RolloutConfig) -> Result<Inputs, RolloutError> {
     let harnesses = harnesses::load(&cfg.harnesses, cfg.max_turns)?;
     let forced = harnesses::load_forced(&cfg.forced, harnesses.len())?;
     let inputs = ReadOptions {
@@ -253,39 +262,54 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     };
     let names: Vec<String> = harnesses.iter().map(|h| h.config.name.clone()).collect();
     let assignment = Assignment::new(cfg.harness_mix, &names, &tasks, &pool)?;
+    Ok(Inputs {
+        harnesses,
+        forced,
+        tasks,
+        pool,
+        image_of,
+        assignment,
+        tasks_without_image,
+    })
+}
 
-    if let Some(dir) = cfg.output.parent().filter(|p| !p.as_os_str().is_empty()) {
+/// Opens the output for appending (cutting a torn final frame) and reads what it already holds.
+fn open_output(output: &Path) -> Result<(AppendWriter, Vec<Trajectory>), RolloutError> {
+    if let Some(dir) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| crate::io::IoError::Write {
-            path: cfg.output.clone(),
+            path: output.to_path_buf(),
             source,
         })?;
     }
-    let (mut writer, cut) = AppendWriter::open(&cfg.output)?;
+    let (writer, cut) = AppendWriter::open(output)?;
     if cut > 0 {
-        tracing::warn!("{}: cut a torn final frame of {cut} bytes", cfg.output.display());
+        tracing::warn!("{}: cut a torn final frame of {cut} bytes", output.display());
     }
-    let before = existing(&cfg.output)?;
-    let done: BTreeSet<plan::Key> = before
-        .iter()
-        .map(|t| (t.task_id.clone(), t.group_id, t.sample_index))
-        .collect();
-    let mut summary = Summary {
-        existing: done.len() as u64,
-        tasks_without_image,
-        ..Default::default()
-    };
-    let mut pending: VecDeque<GroupPlan> =
-        plan::plan(&tasks, cfg.epochs, cfg.first_group, cfg.group_size, &done).into();
-    let mut oversampler = cfg
-        .dynamic
-        .map(|d| dynamic::Oversampler::new(d, pool, cfg.first_group + cfg.epochs, cfg.group_size, &before));
-    drop(before);
-    summary.dynamic = oversampler.as_ref().map(dynamic::Oversampler::summary);
-    if pending.is_empty() && oversampler.as_ref().is_none_or(|o| !o.wants_more(0)) {
-        return Ok(summary);
-    }
-    let total_trials: u64 = pending.iter().map(|g| g.samples.len() as u64).sum();
+    Ok((writer, existing(output)?))
+}
 
+/// What a run starts before its first trial: the backend, the proxy serving it on a unix socket,
+/// and one [`Shared`] per harness.
+struct Services {
+    backend: Arc<dyn Backend>,
+    proxy: Proxy,
+    /// One per harness, in `--harness` order (the assignment's indices).
+    shared: Vec<Arc<Shared>>,
+    /// The proxy's server task, stopped when the run ends.
+    server: tokio::task::JoinHandle<()>,
+    /// The folder of the proxy's socket, removed when the run ends.
+    _sock_dir: tempfile::TempDir,
+    /// The served checkpoint's policy version.
+    policy_version: u64,
+}
+
+/// Sweeps the sandboxes an earlier run with this id left, builds the harness runtimes, starts the
+/// backend and serves the proxy.
+async fn start_services(
+    cfg: &RolloutConfig,
+    harnesses: Vec<Harness>,
+    forced: Vec<Forced>,
+) -> Result<Services, RolloutError> {
     let engine = Engine::connect().await?;
     let run_id = cfg.run_id.clone().unwrap_or_else(|| default_run_id(&cfg.output));
     let swept = engine.sweep(Some(&run_id)).await?;
@@ -306,10 +330,8 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
     let chat = Arc::new(load_chat(&chat_dir)?);
     // The served checkpoint's version: the embedded directory's, else the chat model directory's
     // (an HTTP engine is normally serving the checkpoint whose tokenizer it was given).
-    let mut policy_version = match &cfg.backend {
-        BackendSpec::Embedded(dir) | BackendSpec::VllmServe(dir) => follow::policy_version(dir)?,
-        _ => follow::policy_version(&chat_dir)?,
-    };
+    let policy_dir = served_dir(cfg).unwrap_or(&chat_dir);
+    let policy_version = follow::policy_version(policy_dir)?;
     let proxy = Proxy::new(
         chat.clone(),
         backend.clone(),
@@ -319,10 +341,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
             max_context: cfg.max_context,
             // Routing is asked of the backend only for an MoE policy, so that a missing one
             // can be recorded as missing.
-            return_routing: is_moe(match &cfg.backend {
-                BackendSpec::Embedded(d) | BackendSpec::VllmServe(d) => d,
-                _ => &chat_dir,
-            }),
+            return_routing: is_moe(policy_dir),
             ..ProxyConfig::default()
         },
     );
@@ -343,7 +362,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
         })?;
 
     // One shared state per harness (its adapter, forced scripts and runtime volume): a trial runs
-    // on the one `assignment` names, and its trajectory records that harness.
+    // on the one the assignment names, and its trajectory records that harness.
     let chat_dir = std::path::absolute(&chat_dir).unwrap_or(chat_dir);
     let shared: Vec<Arc<Shared>> = harnesses
         .into_iter()
@@ -369,218 +388,60 @@ pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
             })
         })
         .collect();
+    Ok(Services {
+        backend,
+        proxy,
+        shared,
+        server,
+        _sock_dir: sock_dir,
+        policy_version,
+    })
+}
 
-    let reload = |dir: PathBuf| {
-        let backend = backend.clone();
-        async move {
-            backend.reload(&dir).await.map_err(|e| RolloutError::Reload {
-                dir: dir.clone(),
-                msg: e.to_string(),
-            })
-        }
-    };
-    let mut loaded_dir: Option<PathBuf> = match &cfg.backend {
-        BackendSpec::Embedded(d) | BackendSpec::VllmServe(d) => Some(d.clone()),
-        _ => None,
-    };
-    proxy.set_policy_version(policy_version);
-    let mut last_reload: Option<Arc<crate::engine::ReloadReport>> = None;
-
-    let mut progress = Progress::new(cfg.progress, total_trials);
-    let mut groups: HashMap<(String, u64), GroupState> = HashMap::new();
-    let mut running: JoinSet<(String, u64, Trajectory)> = JoinSet::new();
-    let mut bars: HashMap<String, ProgressBar> = HashMap::new();
-    let mut reward_sum = 0.0;
-    let mut graded = 0u64;
-    let mut in_flight_trials = 0u64;
-    let concurrency = cfg.concurrency.max(1);
-
-    // Handles one finished trial; writes its group when complete.
-    macro_rules! on_done {
-        ($joined:expr) => {{
-            let (task_id, group_id, traj) = $joined.map_err(|e| RolloutError::Invalid(format!("trial task failed: {e}")))?;
-            in_flight_trials -= 1;
-            if let Some(b) = bars.remove(&traj.id) {
-                b.finish_and_clear();
-            }
-            progress.finished(&traj);
-            let key = (task_id, group_id);
-            let complete = {
-                let g = groups.get_mut(&key).expect("invariant: group registered before its trials");
-                g.trajectories.push(traj);
-                g.remaining -= 1;
-                g.remaining == 0
-            };
-            if complete {
-                let mut g = groups.remove(&key).expect("invariant: present");
-                let newest = match &cfg.follow {
-                    Some(root) => follow::newest(root)?.map(|c| c.policy_version),
-                    None => None,
-                };
-                if newest.is_some_and(|n| n.saturating_sub(g.policy_version) > cfg.max_staleness) {
-                    tracing::warn!(
-                        "group {}/{} ran on policy {} and is more than {} versions behind {}; running it again",
-                        key.0, key.1, g.policy_version, cfg.max_staleness, newest.unwrap_or(0)
-                    );
-                    summary.stale_groups += 1;
-                    pending.push_front(g.plan.clone());
-                } else {
-                    // Ctrl-C/SIGTERM: this group's failures are the interruption's, not the
-                    // trials'; a rerun runs the group again.
-                    crate::sandbox::trial::park_if_interrupted().await;
-                    g.trajectories.sort_by_key(|t| t.sample_index);
-                    if let Some(o) = oversampler.as_mut() {
-                        o.mark(&mut g.trajectories);
-                    }
-                    for t in &g.trajectories {
-                        writer.push(t)?;
-                    }
-                    let n = writer.commit()?;
-                    summary.written += n;
-                    summary.groups += 1;
-                    let infra = g.trajectories.iter().filter(|t| t.infra_failure).count() as u64;
-                    summary.infra_failures += infra;
-                    summary.sampling_overrides += g
-                        .trajectories
-                        .iter()
-                        .flat_map(|t| &t.generations)
-                        .filter(|g| g.sampling_overridden())
-                        .count() as u64;
-                    for t in g.trajectories.iter().filter(|t| t.infra_failure) {
-                        let cause = trial::infra_cause(t).unwrap_or("no cause recorded");
-                        let line = format!("{}: {}: {cause}", t.id, t.termination);
-                        progress.multi.suspend(|| tracing::warn!("{line}"));
-                        summary.first_infra_cause.get_or_insert(line);
-                    }
-                    let rewards: Vec<f64> = g.trajectories.iter().filter_map(|t| t.reward).collect();
-                    reward_sum += rewards.iter().sum::<f64>();
-                    graded += rewards.len() as u64;
-                    let mean = if rewards.is_empty() {
-                        "-".to_string()
-                    } else {
-                        format!("{:.3}", rewards.iter().sum::<f64>() / rewards.len() as f64)
-                    };
-                    let line = format!(
-                        "group {}/{}: {} trials, reward mean {mean}, {infra} infra failures, policy {}, {:.1}s",
-                        key.0,
-                        key.1,
-                        g.trajectories.len(),
-                        g.policy_version,
-                        g.started.elapsed().as_secs_f64()
-                    );
-                    progress.multi.suspend(|| tracing::info!("{line}"));
-                }
-            }
-        }};
+/// Runs a rollout to completion (or until `max_trajectories`), appending to `cfg.output`.
+pub async fn run(cfg: &RolloutConfig) -> Result<Summary, RolloutError> {
+    if cfg.group_size == 0 {
+        return Err(RolloutError::Invalid("--group-size must be at least 1".into()));
     }
-
-    loop {
-        let written_or_running = summary.existing + summary.written + in_flight_trials;
-        let limit_reached = cfg.max_trajectories.is_some_and(|m| written_or_running >= m);
-        // The planned groups first; then, with dynamic sampling, extra groups while more
-        // informative ones are needed (the groups in flight counted as if they will be).
-        let next = if limit_reached {
-            None
-        } else {
-            pending
-                .pop_front()
-                .or_else(|| oversampler.as_mut().and_then(|o| o.next_group(groups.len())))
-        };
-        let Some(group) = next else {
-            match running.join_next().await {
-                Some(j) => {
-                    on_done!(j);
-                    continue;
-                }
-                None => break,
-            }
-        };
-        if group.group_id >= cfg.first_group + cfg.epochs {
-            progress.total.inc_length(group.samples.len() as u64);
-        }
-        // Between groups: switch to the newest checkpoint once the trials in flight are done, or
-        // (--reload-in-flight) between their generations.
-        if let Some(root) = &cfg.follow {
-            if let Some(ck) = follow::newest(root)? {
-                let newer = ck.policy_version > policy_version
-                    || (ck.policy_version == policy_version && loaded_dir.is_none());
-                if newer && loaded_dir.as_ref() != Some(&ck.dir) {
-                    if !cfg.reload_in_flight {
-                        while let Some(j) = running.join_next().await {
-                            on_done!(j);
-                        }
-                    }
-                    tracing::info!(
-                        "policy {} → {} ({})",
-                        policy_version,
-                        ck.policy_version,
-                        ck.dir.display()
-                    );
-                    let report = proxy
-                        .swap_weights(ck.policy_version, reload(ck.dir.clone()))
-                        .await?;
-                    let verified = match &report.verification {
-                        Some(v) => format!(
-                            ", verified: max |Δ log-prob| {:.2e} ≤ {:.2e} over {} probe tokens",
-                            v.max_abs_delta, v.tolerance, v.tokens
-                        ),
-                        None => String::new(),
-                    };
-                    let restarts = if report.restarts > 0 {
-                        format!(", {} server restart(s)", report.restarts)
-                    } else {
-                        String::new()
-                    };
-                    let line = format!("reload took {:.1} s{verified}{restarts}", report.seconds);
-                    progress.multi.suspend(|| tracing::info!("{line}"));
-                    summary.reload_seconds += report.seconds;
-                    summary.reload_restarts += u64::from(report.restarts);
-                    last_reload = Some(Arc::new(report));
-                    policy_version = ck.policy_version;
-                    loaded_dir = Some(ck.dir.clone());
-                    summary.reloads += 1;
-                }
-            }
-        }
-        let image = image_of[&group.task.id].clone();
-        let key = (group.task.id.clone(), group.group_id);
-        groups.insert(
-            key.clone(),
-            GroupState {
-                plan: group.clone(),
-                policy_version,
-                remaining: group.samples.len(),
-                trajectories: Vec::new(),
-                started: Instant::now(),
-            },
-        );
-        for &sample in &group.samples {
-            while running.len() >= concurrency {
-                let j = running.join_next().await.expect("invariant: non-empty");
-                on_done!(j);
-            }
-            let id = Trajectory::make_id(&group.task.id, group.group_id, sample);
-            bars.insert(id.clone(), progress.trial(&id));
-            in_flight_trials += 1;
-            let spec = trial::TrialSpec {
-                task: group.task.clone(),
-                image: image.clone(),
-                group_id: group.group_id,
-                sample,
-                policy_version,
-                reload: last_reload.clone(),
-            };
-            let shared = shared[assignment.harness(&group.task.id, group.group_id, sample)].clone();
-            let (tid, gid) = key.clone();
-            running.spawn(async move { (tid, gid, trial::run_trial(shared, spec).await) });
-        }
-    }
-    progress.total.finish_and_clear();
-    server.abort();
-    summary.reward_mean = (graded > 0).then(|| reward_sum / graded as f64);
-    summary.prefix_cache = backend.prefix_cache_stats();
+    let inputs = load_inputs(cfg)?;
+    let (writer, before) = open_output(&cfg.output)?;
+    let done: BTreeSet<plan::Key> = before
+        .iter()
+        .map(|t| (t.task_id.clone(), t.group_id, t.sample_index))
+        .collect();
+    let mut summary = Summary {
+        existing: done.len() as u64,
+        tasks_without_image: inputs.tasks_without_image,
+        ..Default::default()
+    };
+    let pending: VecDeque<GroupPlan> =
+        plan::plan(&inputs.tasks, cfg.epochs, cfg.first_group, cfg.group_size, &done).into();
+    let pool = inputs.pool;
+    let oversampler = cfg
+        .dynamic
+        .map(|d| dynamic::Oversampler::new(d, pool, cfg.first_group + cfg.epochs, cfg.group_size, &before));
+    drop(before);
     summary.dynamic = oversampler.as_ref().map(dynamic::Oversampler::summary);
-    Ok(summary)
+    if pending.is_empty() && oversampler.as_ref().is_none_or(|o| !o.wants_more(0)) {
+        return Ok(summary);
+    }
+
+    let services = start_services(cfg, inputs.harnesses, inputs.forced).await?;
+    let work = Work {
+        pending,
+        oversampler,
+        image_of: inputs.image_of,
+        assignment: inputs.assignment,
+    };
+    let mut scheduler = Scheduler::new(cfg, services, work, writer, summary);
+    loop {
+        if let Some(group) = scheduler.next_group() {
+            scheduler.start_group(group).await?;
+        } else if !scheduler.join_one().await? {
+            break;
+        }
+    }
+    Ok(scheduler.finish())
 }
 
 #[cfg(test)]

@@ -350,3 +350,118 @@ fn rollout_rejects_bad_flags_before_any_work() {
         );
     }
 }
+
+/// `build-images`, `align` and `report` check their flags before any work: a flag the chosen mode
+/// ignores, a zero count or a bad address exits 2 naming the flag, before a build, an alignment,
+/// a model load or a report file. Regression: `--jobs 0` was taken as 1, `-o`/`--log-dir`
+/// without `--input`, `--max-trajectories` with `--serve`, the summarize flags without
+/// `--summarize` and `--assistant-model` with an embedded assistant were silently dropped, and a
+/// missing second align input or a bad `--bind` surfaced only after the work before it.
+#[test]
+fn build_images_align_and_report_reject_bad_flags_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = crate::common::root();
+    let harness = root.join("examples/harnesses/mini-swe-agent.toml");
+    let out = dir.path().join("out.jsonl.zst");
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("trajectories")).unwrap();
+    let traj = dir.path().join("traj.jsonl");
+    std::fs::write(&traj, "").unwrap();
+    let (h, t, r, o) = (
+        harness.to_str().unwrap(),
+        traj.to_str().unwrap(),
+        run.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let url = "--assistant=http://127.0.0.1:1/v1";
+    let embedded = "--assistant=embedded:/nonexistent/ckpt";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["build-images", "--harness", h, "-o", o], "--input"),
+        (
+            vec!["build-images", "--harness", h, "--log-dir", "logs"],
+            "--input",
+        ),
+        (vec!["build-images", "--harness", h, "-j", "3"], "--input"),
+        (
+            vec!["build-images", "-i", t, "-o", o, "-j", "0"],
+            "--jobs 0: need at least 1",
+        ),
+        (
+            vec!["--strict", "build-images", "--harness", h],
+            "--strict: build-images reads records only from --input",
+        ),
+        (
+            vec!["align", "-i", t, "/nonexistent/second.jsonl", "-o", o],
+            "-i /nonexistent/second.jsonl: no such file",
+        ),
+        (
+            vec!["align", "-i", t, "-o", o, "-j", "0"],
+            "--jobs 0: need at least 1",
+        ),
+        (
+            vec!["align", "-i", t, "--stats", "-"],
+            "--stats -: the samples already go to stdout",
+        ),
+        (
+            vec!["align", "-i", t, "-o", o, "--stats", o],
+            "the same file as -o",
+        ),
+        (
+            vec!["report", r, "--serve", "--max-trajectories", "5"],
+            "--max-trajectories",
+        ),
+        (vec!["report", r, "--summarize-jobs", "2"], "--summarize"),
+        (vec!["report", r, "--summarize-retries", "0"], "--summarize"),
+        (vec!["report", r, "--assistant-max-tokens", "8"], "--assistant"),
+        (vec!["report", r, "--assistant-api-key-env", "KEY"], "--assistant"),
+        (
+            vec!["report", r, "--summarize", url, "--summarize-tokens", "0"],
+            "--summarize-tokens 0: need at least 1",
+        ),
+        (
+            vec!["report", r, "--serve", url, "--assistant-context", "0"],
+            "--assistant-context 0: need at least 1",
+        ),
+        (
+            vec!["report", r, "--serve", "--bind", "nonsense"],
+            "--bind nonsense: expected HOST:PORT",
+        ),
+        (
+            vec!["report", r, "--serve", embedded, "--assistant-model", "m"],
+            "--assistant-model: only an assistant URL is sent a model name",
+        ),
+        (
+            vec![
+                "report",
+                r,
+                "--summarize",
+                embedded,
+                "--assistant-api-key-env",
+                "KEY",
+            ],
+            "--assistant-api-key-env: only an assistant URL is sent an API key",
+        ),
+        (
+            vec!["--strict", "report", r, "--serve"],
+            "--strict: report --serve follows files still being written",
+        ),
+    ];
+    for (args, msg) in cases {
+        let o = lego().current_dir(dir.path()).args(&args).output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(msg), "{args:?}: expected `{msg}` in: {e}");
+        assert!(
+            !e.contains("/nonexistent/ckpt"),
+            "{args:?}: the assistant was loaded first: {e}"
+        );
+        assert!(
+            o.stdout.is_empty()
+                && !out.exists()
+                && !run.join("report").exists()
+                && !dir.path().join("logs").exists(),
+            "{args:?}: work started before the check: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
