@@ -21,6 +21,10 @@
 #                          the task pool until it holds N groups whose rewards vary (off)
 #   --max-extra-groups M   extra groups a batch may spend [4 x N]; group ids then step by M + 1 per
 #                          batch so trajectory ids stay unique across the run
+#   --curriculum           with --min-informative-groups: extra groups take the pool's tasks in the
+#                          middle of the difficulty band first (rollout --pool-order curriculum, by the
+#                          pass rates the --refilter pool records carry; without --refilter every task
+#                          counts as p = 0.5 and the order is by task id) (off)
 #   --refilter G           before each batch after the first, drop from the pool the tasks whose last
 #                          G groups in the finished batches were all solved or all failed
 #                          (filter-tasks --drop-saturated); the pool and its decisions go to pool/ (off)
@@ -46,7 +50,7 @@ lego=${LEGO_RL_BIN:-$root/target/release/lego-rl}
 run="" tasks="" images="" checkpoint=""
 steps=2 staleness=1 harnesses=()
 group_size=8 per_step=1 jobs=2 validate_every=1 rollout_args="" train_args=""
-min_informative="" max_extra="" refilter=""
+min_informative="" max_extra="" refilter="" pool_order=as-is
 die() { printf 'loop: error: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
     --min-informative-groups) min_informative=$2; shift 2 ;;
     --max-extra-groups) max_extra=$2; shift 2 ;;
     --refilter) refilter=$2; shift 2 ;;
+    --curriculum) pool_order=curriculum; shift ;;
     --rollout-args) rollout_args=$2; shift 2 ;;
     --train-args) train_args=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -77,6 +82,7 @@ done
 [ -x "$lego" ] || die "$lego not built (run scripts/setup.sh)"
 [ ${#harnesses[@]} -gt 0 ] || harnesses=(--harness "$root/examples/harnesses/mini-swe-agent.toml")
 [ -z "$max_extra" ] || [ -n "$min_informative" ] || die "--max-extra-groups needs --min-informative-groups"
+[ "$pool_order" = as-is ] || [ -n "$min_informative" ] || die "--curriculum needs --min-informative-groups"
 if [ -n "$min_informative" ]; then
   [ -n "$max_extra" ] || max_extra=$((4 * min_informative))
   group_stride=$((max_extra + 1))
@@ -152,7 +158,8 @@ rollout_loop() {
     batch_tasks "$s" "$run/logs/tasks-$(step_name "$s").jsonl.zst" "$pool"
     dyn=()
     [ -z "$min_informative" ] ||
-      dyn=(--min-informative-groups "$min_informative" --max-extra-groups "$max_extra" --task-pool "$pool")
+      dyn=(--min-informative-groups "$min_informative" --max-extra-groups "$max_extra" --task-pool "$pool"
+        --pool-order "$pool_order")
     say "rollout batch $s with $(basename "$ckpt")"
     # shellcheck disable=SC2086 # rollout_args is a word list by design
     "$lego" -q rollout -i "$run/logs/tasks-$(step_name "$s").jsonl.zst" --images "$images" \

@@ -530,6 +530,7 @@ fn the_trajectories_of_an_uninformative_group_are_skipped_and_counted() {
             informative,
             extra_group: None,
             pool: 2,
+            ..Default::default()
         })
     };
     let trajs = [

@@ -9,6 +9,7 @@ use clap::Args;
 use super::Outcome;
 use crate::proxy::HarnessSampling;
 use crate::records::Sampling;
+use crate::rollout::dynamic::PoolOrder;
 use crate::rollout::{BackendSpec, HarnessMix, RolloutConfig, Shard};
 use crate::sandbox::DEFAULT_BASE_IMAGE;
 use crate::settings::GlobalArgs;
@@ -189,11 +190,11 @@ pub struct RolloutArgs {
     pub prefix_cache_bytes: usize,
     /// Dynamic sampling: after the planned groups, keep running extra groups from the task pool
     /// until the output holds N informative groups (rewards that vary among the graded, non-infra
-    /// trials), or --max-extra-groups are spent. Extra group k is pool task k mod P with group id
-    /// --first-group + --epochs + k / P. Every group written is marked (`dynamic_sampling`); align
-    /// skips the uninformative ones, which stay in the file as data. Extras start only while the
-    /// informative groups written plus the groups in flight are fewer than N, so they never
-    /// overshoot N. A rerun resumes: extras already in the output are spent, the missing ones run.
+    /// trials), or --max-extra-groups are spent. Extra group k is pool task k mod P (in
+    /// --pool-order) with group id --first-group + --epochs + k / P. Every group written is
+    /// marked (`dynamic_sampling`); align skips the uninformative ones, which stay in the file as
+    /// data. Extras start only while the informative groups written plus the groups in flight are
+    /// fewer than N, so they never overshoot N. A rerun resumes: extras already in the output are spent, the missing ones run.
     #[arg(long, value_name = "N")]
     pub min_informative_groups: Option<u64>,
     /// Extra groups dynamic sampling may run beyond the planned ones (default 4 x N).
@@ -203,6 +204,18 @@ pub struct RolloutArgs {
     /// are skipped. A rerun must name the same pool.
     #[arg(long, value_name = "FILE", requires = "min_informative_groups")]
     pub task_pool: Option<PathBuf>,
+    /// The order extra groups take the pool's tasks in: `as-is` (the file's) or `curriculum`
+    /// (the middle of the difficulty band first: by p(1 - p) descending, ties by task id, where
+    /// p = (solved + 1) / (trials + 2) from the task record's `pass_rate`, which filter-tasks
+    /// writes from recent trajectories; a task without one counts as p = 0.5). Extra group k is
+    /// then the k mod P-th task of that order, so a rerun must give the same flag.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "as-is",
+        requires = "min_informative_groups"
+    )]
+    pub pool_order: PoolOrder,
 }
 
 /// What the trajectories are for.
@@ -235,6 +248,7 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         .map(|n| crate::rollout::DynamicConfig {
             min_informative_groups: n,
             max_extra_groups: args.max_extra_groups.unwrap_or(4 * n),
+            pool_order: args.pool_order,
         });
     let temperature = args
         .temperature

@@ -29,6 +29,10 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   A run that mixes harnesses also gets a table per step and harness (reward, infra failures,
 ///   mixed groups, dropped turns and tokens, the trainer's log-prob Pearson on that batch,
 ///   terminations, audit kinds), and the record keeps the latest batch's in `checks.by_harness`.
+///   A run rolled out with dynamic sampling (`rollout --min-informative-groups`) gets a table of
+///   its groups per step (sampled, informative, extra spent of the budget, pool size, N) and a
+///   warning for each step whose extra-group budget ran out short of N; the record keeps the
+///   latest step's in `checks.dynamic_sampling`.
 ///
 /// * `validate FILE...` — record checks: every record parses as its kind with a known schema.
 ///   Exit 0 when all are good, 1 when some records are bad, 2 when a file cannot be read to the
@@ -50,7 +54,8 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   test_helper, binary_file <= 0.02; outlived_agent, oom_kill <= 0.05; startup_hook,
 ///   outside_write, hidden_from_diff, nested_repo, diff_too_large, test_patch_conflict,
 ///   grading_killed, reward_missing <= 0,
-///   zero_variance_group_fraction <= 0.9, staleness_max <= 2, and 0 for each consistency check.
+///   zero_variance_group_fraction <= 0.9, informative_group_fraction >= 0.1 (steps rolled out
+///   with dynamic sampling), staleness_max <= 2, and 0 for each consistency check.
 ///   Reward collapse, judged on the whole run: train_reward_drop <= 0 (the first 5 steps' mean
 ///   train reward minus the latest 5 steps', at the lower end of its 95% interval: above 0 means
 ///   significantly worse than at the start) and heldout_reward_drop <= 0 (likewise, the first
@@ -144,6 +149,7 @@ pub fn run(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         if !args.json {
             print_gates(&mut out, &verdict.report.gates)?;
             print_steps(&mut out, &verdict.health)?;
+            crate::validate::dynamic::print(&mut out, &verdict.health.dynamic)?;
             crate::validate::by_harness::print(&mut out, &verdict.health.harnesses)?;
         }
         json.insert("health".into(), serde_json::to_value(&verdict.health)?);

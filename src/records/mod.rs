@@ -16,7 +16,7 @@ mod validation;
 
 pub use packed::{DType, Packed, PackedError};
 pub use sample::{AlignStats, LossMask, Sample, SamplingRun, VersionRun};
-pub use task::{Environment, Grader, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
+pub use task::{Environment, Grader, PassRate, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
 pub use trajectory::{
     AuditEvent, DynamicSampling, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming,
     Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,

@@ -89,6 +89,31 @@ impl Default for Timeouts {
     }
 }
 
+/// Solved trials over counted (graded, non-infra) trials of a task, in the window filter-tasks
+/// judged it on (`Task::pass_rate`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct PassRate {
+    /// `solved / trials` (0 when `trials` is 0), for readers that want the number.
+    pub rate: f64,
+    pub solved: u32,
+    pub trials: u32,
+}
+
+impl PassRate {
+    /// The rate of `solved` of `trials`.
+    pub fn new(solved: u32, trials: u32) -> Self {
+        PassRate {
+            rate: if trials == 0 {
+                0.0
+            } else {
+                f64::from(solved) / f64::from(trials)
+            },
+            solved,
+            trials,
+        }
+    }
+}
+
 /// One task (`lego-rl/task/v1`).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Task {
@@ -124,6 +149,11 @@ pub struct Task {
     /// given several (`--harness-mix task`, the default); ignored with one harness.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub harness: Option<String>,
+    /// The task's recent pass rate under the training policy, written by `filter-tasks` (the
+    /// saturation stage, from `--drop-saturated` trajectories; else the difficulty stage, from
+    /// `--trials`); `rollout --pool-order curriculum` draws extra groups by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_rate: Option<PassRate>,
     /// Anything else from the source record (kept verbatim, e.g. SWE-bench `version`).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
@@ -147,6 +177,7 @@ impl Task {
             grader: None,
             timeouts: Timeouts::default(),
             harness: None,
+            pass_rate: None,
             metadata: Map::new(),
         }
     }

@@ -322,6 +322,12 @@ pub struct DynamicSampling {
     pub extra_group: Option<u64>,
     /// Tasks in the pool extra groups are drawn from (after the shard and the image check).
     pub pool: u64,
+    /// The run's `--min-informative-groups` and `--max-extra-groups` (absent in records written
+    /// before they were recorded): validate warns when the budget ran out short of N.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_informative_groups: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_extra_groups: Option<u64>,
 }
 
 impl DynamicSampling {

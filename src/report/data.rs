@@ -11,8 +11,7 @@ use serde_json::{Map, Value};
 use super::behaviour::{behaviour, threads, Behaviour, Thread};
 use crate::io::{open_records, read_all, ReadOptions};
 use crate::records::{
-    AuditEvent, DynamicSampling, GraderResult, Sample, StageTiming, StepMetrics, TaskDecision, Trajectory,
-    ValidationReport,
+    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, TaskDecision, Trajectory, ValidationReport,
 };
 use crate::validate::run::{for_each_trajectory, read_plain, RunError, RunFiles};
 
@@ -301,7 +300,7 @@ pub fn build_embedding(
     let mut harnesses: BTreeMap<String, Acc> = BTreeMap::new();
     let mut terms: BTreeMap<String, Acc> = BTreeMap::new();
     let mut groups: BTreeMap<(u64, String, u64), Vec<f64>> = BTreeMap::new();
-    let mut marks: BTreeMap<(u64, String, u64), DynamicSampling> = BTreeMap::new();
+    let mut dynamic = crate::validate::dynamic::DynamicCounter::default();
     let mut by_harness = crate::validate::by_harness::ByHarness::default();
     let mut data = ReportData {
         run: files
@@ -341,9 +340,7 @@ pub fn build_embedding(
         for (name, n) in &b.tool_names {
             *data.tool_names.entry(name.clone()).or_default() += n;
         }
-        if let Some(d) = t.dynamic_sampling {
-            marks.insert((step, t.task_id.clone(), t.group_id), d);
-        }
+        dynamic.add_trajectory(step, &t);
         let g = groups.entry((step, t.task_id.clone(), t.group_id)).or_default();
         if let (false, Some(r)) = (s.infra, s.reward) {
             g.push(r);
@@ -371,11 +368,11 @@ pub fn build_embedding(
             row.zero_variance_groups += u64::from(rewards.iter().all(|r| *r == rewards[0]));
         }
     }
-    for ((step, _, _), d) in &marks {
-        if let Some((_, row)) = steps.get_mut(step) {
-            *row.informative_groups.get_or_insert(0) += u64::from(d.informative);
-            *row.extra_groups.get_or_insert(0) += u64::from(d.extra_group.is_some());
-            row.task_pool = Some(row.task_pool.unwrap_or(0).max(d.pool));
+    for (step, d) in dynamic.finish() {
+        if let Some((_, row)) = steps.get_mut(&step) {
+            row.informative_groups = Some(d.informative_groups);
+            row.extra_groups = Some(d.extra_groups);
+            row.task_pool = Some(d.pool);
         }
     }
     for (step, path) in &files.pool_decisions {

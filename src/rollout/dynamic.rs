@@ -14,6 +14,19 @@
 //!   none is lost.
 //! - **Marked**: every group this run writes gets [`DynamicSampling`]; align skips the
 //!   uninformative ones.
+//! - **Curriculum** (`--pool-order curriculum`): the pool is first sorted by how likely a group of
+//!   the task is to be informative under the current policy, from the task's recent pass rate
+//!   (`Task::pass_rate`, which `filter-tasks` writes from the recent trajectories): by p(1 - p)
+//!   descending, ties by task id, so the tasks in the middle of the difficulty band come first.
+//!   p is smoothed, (solved + 1) / (trials + 2) (Laplace's rule): a task without a pass rate
+//!   counts as p = 0.5, a middle-band task until shown otherwise, and 0 of 2 ranks above 0 of 16,
+//!   since two failures say less about the task than sixteen. The sort is a pure function of the
+//!   pool file, so "extra group k → task" stays one, and resume keeps running no group twice.
+//!   Why an order and not random weighted draws: a draw would have to be seeded and replayed to
+//!   stay resumable, and with a budget below the pool's size (the usual case) the order already
+//!   decides which tasks run; a full round still visits every task once before any repeats, which
+//!   keeps the batch diverse (repeating the single best task would be the greedy optimum and a
+//!   poor curriculum). Saturated tasks are dropped from the pool by the loop's re-filter anyway.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -47,6 +60,16 @@ pub(super) fn load_pool(
     Ok(usable.into_iter().map(|(t, _)| t).collect())
 }
 
+/// The order extra groups take the pool's tasks in (`rollout --pool-order`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoolOrder {
+    /// The pool file's order.
+    #[default]
+    AsIs,
+    /// Middle of the difficulty band first: by p(1 - p) of the smoothed recent pass rate.
+    Curriculum,
+}
+
 /// The flags of dynamic sampling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DynamicConfig {
@@ -54,6 +77,27 @@ pub struct DynamicConfig {
     pub min_informative_groups: u64,
     /// Extra groups (beyond the planned ones) the run may spend.
     pub max_extra_groups: u64,
+    /// The order of the pool's tasks.
+    pub pool_order: PoolOrder,
+}
+
+/// How likely a group of `t` is to have reward variance, as far as the curriculum cares: p(1 - p)
+/// of its smoothed pass rate (see the module docs).
+pub fn middle_band_weight(t: &Task) -> f64 {
+    let (solved, trials) = t.pass_rate.map_or((0, 0), |r| (r.solved, r.trials.max(r.solved)));
+    let p = (f64::from(solved) + 1.0) / (f64::from(trials) + 2.0);
+    p * (1.0 - p)
+}
+
+/// Sorts `pool` for `order` (stable for [`PoolOrder::AsIs`]: unchanged).
+pub fn order_pool(pool: &mut [Task], order: PoolOrder) {
+    if order == PoolOrder::Curriculum {
+        pool.sort_by(|a, b| {
+            middle_band_weight(b)
+                .total_cmp(&middle_band_weight(a))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+    }
 }
 
 /// Figures of a dynamic-sampling run (over the whole output: earlier runs' groups included).
@@ -96,14 +140,14 @@ impl Oversampler {
         group_size: u32,
         existing: &[Trajectory],
     ) -> Self {
-        let mut index_of = HashMap::new();
-        let mut uniq = Vec::new();
-        for t in pool {
-            if !index_of.contains_key(&t.id) {
-                index_of.insert(t.id.clone(), uniq.len() as u64);
-                uniq.push(t);
-            }
-        }
+        let mut seen = BTreeSet::new();
+        let mut uniq: Vec<Task> = pool.into_iter().filter(|t| seen.insert(t.id.clone())).collect();
+        order_pool(&mut uniq, cfg.pool_order);
+        let index_of: HashMap<String, u64> = uniq
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.id.clone(), i as u64))
+            .collect();
         let mut s = Oversampler {
             cfg,
             pool: uniq,
@@ -171,6 +215,8 @@ impl Oversampler {
             informative: DynamicSampling::varies(group.iter()),
             extra_group: self.extra_index(&first.task_id, first.group_id),
             pool: self.pool.len() as u64,
+            min_informative_groups: Some(self.cfg.min_informative_groups),
+            max_extra_groups: Some(self.cfg.max_extra_groups),
         };
         self.sampled += 1;
         self.informative += u64::from(mark.informative);
@@ -207,7 +253,61 @@ mod tests {
         DynamicConfig {
             min_informative_groups: n,
             max_extra_groups: m,
+            pool_order: PoolOrder::AsIs,
         }
+    }
+
+    fn rated(id: &str, rate: Option<(u32, u32)>) -> Task {
+        Task {
+            pass_rate: rate.map(|(s, n)| crate::records::PassRate::new(s, n)),
+            ..Task::new(id, "x")
+        }
+    }
+
+    #[test]
+    fn the_curriculum_puts_the_middle_band_first_and_unknown_tasks_with_it() {
+        let pool = vec![
+            rated("always", Some((8, 8))),
+            rated("never-of-16", Some((0, 16))),
+            rated("half", Some((4, 8))),
+            rated("unknown", None),
+            rated("never-of-2", Some((0, 2))),
+            rated("mostly", Some((6, 8))),
+            rated("a-half", Some((1, 2))),
+        ];
+        let mut sorted = pool.clone();
+        order_pool(&mut sorted, PoolOrder::Curriculum);
+        let ids: Vec<&str> = sorted.iter().map(|t| t.id.as_str()).collect();
+        // p = 0.5 for half, a-half and unknown (ties by id); then 7/10, 1/4, 9/10 and 1/18 away.
+        assert_eq!(
+            ids,
+            [
+                "a-half",
+                "half",
+                "unknown",
+                "mostly",
+                "never-of-2",
+                "always",
+                "never-of-16"
+            ]
+        );
+        let mut same = pool.clone();
+        order_pool(&mut same, PoolOrder::AsIs);
+        assert_eq!(same, pool);
+        // Extra groups follow the order, in rounds; the mapping is the same on a rerun.
+        let c = DynamicConfig {
+            pool_order: PoolOrder::Curriculum,
+            ..cfg(10, 10)
+        };
+        let mut s = Oversampler::new(c, pool.clone(), 3, 2, &[]);
+        let first: Vec<String> = (0..8).map(|_| s.next_group(0).unwrap().task.id).collect();
+        assert_eq!(first[..3], ["a-half", "half", "unknown"]);
+        assert_eq!(first[7], "a-half", "round two");
+        let done = vec![traj("half", 3, 0, 1.0), traj("half", 3, 1, 1.0)];
+        let mut again = Oversampler::new(c, pool, 3, 2, &done);
+        assert_eq!(again.summary().extra_groups, 1, "(half, 3) is extra 1");
+        assert_eq!(again.next_group(0).unwrap().task.id, "a-half");
+        assert_eq!(again.next_group(0).unwrap().task.id, "unknown");
     }
 
     #[test]

@@ -159,6 +159,61 @@ impl ByHarness {
     }
 }
 
+/// The per-step values of gate `name` for each harness, for the gates that make sense per
+/// harness: `infra_failure_rate`, `align_drop_rate`, `<kind>_rate` for each of `audit_kinds`
+/// (health's list, passed in so that this module does not import health, which imports it), and
+/// train-step's `logprob_pearson` (`_without_replay`) and `logprob_kl` (keyed by the step-metrics
+/// record's step, as the overall gate; `replay_of(step)` is that record's `routing_replay`).
+/// Other gates: empty.
+pub fn gate_values(
+    name: &str,
+    rows: &[HarnessRow],
+    audit_kinds: &[&str],
+    replay_of: impl Fn(u64) -> Option<bool>,
+) -> BTreeMap<String, BTreeMap<u64, f64>> {
+    let mut out: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+    for r in rows {
+        let train = r.train.as_ref();
+        let metric_step = r.step + 1;
+        let v = match name {
+            "infra_failure_rate" => r.infra_rate().map(|v| (r.step, v)),
+            "align_drop_rate" => r.align_drop_rate().map(|v| (r.step, v)),
+            "logprob_pearson" => train
+                .and_then(|m| m.logprob_pearson)
+                .filter(|_| replay_of(metric_step) != Some(false))
+                .map(|v| (metric_step, v)),
+            "logprob_pearson_without_replay" => train
+                .and_then(|m| m.logprob_pearson)
+                .filter(|_| replay_of(metric_step) == Some(false))
+                .map(|v| (metric_step, v)),
+            "logprob_kl" => train.and_then(|m| m.logprob_kl).map(|v| (metric_step, v)),
+            _ => name
+                .strip_suffix("_rate")
+                .filter(|k| audit_kinds.contains(k))
+                .filter(|_| r.trajectories > 0)
+                .map(|k| {
+                    let n = r.audit.get(k).copied().unwrap_or(0);
+                    (r.step, n as f64 / r.trajectories as f64)
+                }),
+        };
+        if let Some((step, v)) = v {
+            out.entry(r.harness.clone()).or_default().insert(step, v);
+        }
+    }
+    out
+}
+
+/// Each harness's graded rewards per step (the per-harness `train_reward_drop`).
+pub fn reward_steps(rows: &[HarnessRow]) -> BTreeMap<String, Vec<(u64, RewardSum)>> {
+    let mut out: BTreeMap<String, Vec<(u64, RewardSum)>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.rewards.n > 0) {
+        out.entry(r.harness.clone())
+            .or_default()
+            .push((r.step, r.rewards));
+    }
+    out
+}
+
 /// Whether the rows hold more than one harness (the per-harness views are shown only then).
 pub fn is_mixed(rows: &[HarnessRow]) -> bool {
     rows.iter().map(|r| &r.harness).collect::<BTreeSet<_>>().len() > 1

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::health::{Health, RewardSum, StepHealth, AUDIT_KINDS, CHECKS};
+use super::by_harness;
+pub use super::collapse::REWARD_WINDOW;
+use super::collapse::{run_level, train_drop};
+use super::health::{Health, StepHealth, AUDIT_KINDS, CHECKS};
 use crate::records::{GateResult, StepMetrics};
 
 /// Errors in a gate configuration.
@@ -223,6 +226,14 @@ pub const GATES: &[(&str, Op, f64, &str)] = &[
         "groups whose rewards are all equal (no signal)",
     ),
     (
+        "informative_group_fraction",
+        Op::AtLeast,
+        0.1,
+        "groups with reward variance over the groups sampled, on steps rolled out with dynamic \
+         sampling (`dynamic_sampling` marks): the pool's yield; below it most of the extra-group \
+         budget is spent on saturated tasks (re-filter the pool, or rollout --pool-order curriculum)",
+    ),
+    (
         "staleness_max",
         Op::AtMost,
         2.0,
@@ -357,75 +368,6 @@ impl GateConfig {
     }
 }
 
-/// Steps per window of the train-reward gate: the first window is compared with the latest, so
-/// the gate is measured once a run has twice this many steps with graded trajectories.
-pub const REWARD_WINDOW: usize = 5;
-
-/// The reward-collapse gates judge the whole run, not a step: how much the mean reward fell
-/// from a baseline (the first window of train steps, the first held-out evaluation) to now,
-/// taken at the lower end of its 95% interval (normal approximation, rewards independent:
-/// `(before - now) - 1.96 * sqrt(var_before + var_now)`). Above 0 means "significantly worse than
-/// at the start", which is what a policy collapse looks like while every pipeline gate stays green
-/// (examples/learn/README.md, run 8). Comparing with the start, not the best window so far, keeps
-/// the test free of the selection a maximum would add. Value and a detail, or None if the run has
-/// too little to compare.
-fn run_level(name: &str, h: &Health) -> Option<(f64, String)> {
-    let drop = |before: RewardSum, now: RewardSum| -> Option<f64> {
-        let d = before.mean()? - now.mean()?;
-        Some(d - 1.96 * (before.var_of_mean()? + now.var_of_mean()?).sqrt())
-    };
-    let show = |r: RewardSum| format!("{:.3} (n={})", r.mean().unwrap_or(0.0), r.n);
-    match name {
-        "train_reward_drop" => {
-            let steps: Vec<(u64, RewardSum)> = h
-                .steps
-                .iter()
-                .map(|(k, s)| (*k, s.rewards))
-                .filter(|(_, r)| r.n > 0)
-                .collect();
-            if steps.len() < 2 * REWARD_WINDOW {
-                return None;
-            }
-            let sum = |w: &[(u64, RewardSum)]| {
-                let mut t = RewardSum::default();
-                w.iter().for_each(|(_, r)| t.add(*r));
-                t
-            };
-            let (first, last) = (&steps[..REWARD_WINDOW], &steps[steps.len() - REWARD_WINDOW..]);
-            let (a, b) = (sum(first), sum(last));
-            Some((
-                drop(a, b)?,
-                format!(
-                    "steps {}-{}: {} -> steps {}-{}: {}",
-                    first[0].0,
-                    first[REWARD_WINDOW - 1].0,
-                    show(a),
-                    last[0].0,
-                    last[REWARD_WINDOW - 1].0,
-                    show(b)
-                ),
-            ))
-        }
-        "heldout_reward_drop" => {
-            let evals: Vec<(u64, RewardSum)> = h
-                .eval
-                .iter()
-                .map(|(k, r)| (*k, *r))
-                .filter(|(_, r)| r.n > 0)
-                .collect();
-            let (&(s0, a), &(s1, b)) = (evals.first()?, evals.last()?);
-            if s0 == s1 {
-                return None;
-            }
-            Some((
-                drop(a, b)?,
-                format!("eval {s0}: {} -> eval {s1}: {}", show(a), show(b)),
-            ))
-        }
-        _ => None,
-    }
-}
-
 /// Gates judged on the whole run by [`run_level`].
 const RUN_LEVEL: &[&str] = &["train_reward_drop", "heldout_reward_drop"];
 
@@ -464,39 +406,42 @@ fn from_step(name: &str, s: &StepHealth) -> Option<f64> {
 
 /// Judges every enabled gate. Each gate's value is its worst over the judged steps (the latest
 /// step, or all with `all_steps`); trajectory-derived values win over StepMetrics ones where a
-/// step has both. A gate with nothing to measure passes with detail `not measured`.
+/// step has both. A gate with nothing to measure passes with detail `not measured`. In a run that
+/// mixes harnesses, the gates that make sense per harness (see [`by_harness::gate_values`], and
+/// `train_reward_drop`) are judged for each harness too: the gate fails when the run or any
+/// harness does, its value stays the run's, and the detail names the harness of each failing
+/// scope (`failing harness openhands step 2: 0.2500`).
 pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
     let mut out = Vec::new();
+    let mixed = by_harness::is_mixed(&h.harnesses);
     for &(name, op, _, _) in GATES {
         let Some(&threshold) = cfg.thresholds.get(name) else {
             continue;
         };
+        let result = |value: Option<f64>, passed: bool, detail: Option<String>| GateResult {
+            name: name.into(),
+            value,
+            op: op.symbol().into(),
+            threshold,
+            passed,
+            detail,
+        };
         if CHECKS.contains(&name) {
             let p = h.problems.get(name).cloned().unwrap_or_default();
             let value = p.count as f64;
-            out.push(GateResult {
-                name: name.into(),
-                value: Some(value),
-                op: op.symbol().into(),
-                threshold,
-                passed: op.ok(value, threshold),
-                detail: (!p.examples.is_empty()).then(|| p.examples.join("; ")),
-            });
+            let detail = (!p.examples.is_empty()).then(|| p.examples.join("; "));
+            out.push(result(Some(value), op.ok(value, threshold), detail));
             continue;
         }
         if RUN_LEVEL.contains(&name) {
-            let (value, detail) = match run_level(name, h) {
-                Some((v, d)) => (Some(v), d),
-                None => (None, "not measured".to_string()),
-            };
-            out.push(GateResult {
-                name: name.into(),
-                value,
-                op: op.symbol().into(),
-                threshold,
-                passed: value.is_none_or(|v| op.ok(v, threshold)),
-                detail: Some(detail),
-            });
+            let mut scopes: Vec<(String, Option<(f64, String)>)> = vec![(String::new(), run_level(name, h))];
+            if mixed && name == "train_reward_drop" {
+                for (harness, steps) in by_harness::reward_steps(&h.harnesses) {
+                    scopes.push((format!("harness {harness}"), train_drop(&steps)));
+                }
+            }
+            let (value, passed, detail) = judge_run_level(op, threshold, scopes);
+            out.push(result(value, passed, Some(detail)));
             continue;
         }
         // (step, value) candidates: per step from trajectories, else from metrics.
@@ -514,44 +459,123 @@ pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
                 cands.insert(*step, v);
             }
         }
-        let judged: Vec<(u64, f64)> = if cfg.all_steps {
-            cands.into_iter().collect()
-        } else {
-            cands.into_iter().next_back().into_iter().collect()
-        };
-        let worst = judged
-            .iter()
-            .copied()
-            .reduce(|a, b| if op.worse(b.1, a.1) { b } else { a });
-        let failing: Vec<String> = judged
-            .iter()
-            .filter(|(_, v)| !op.ok(*v, threshold))
-            .map(|(s, v)| format!("step {s}: {v:.4}"))
-            .collect();
-        out.push(match worst {
-            None => GateResult {
-                name: name.into(),
-                value: None,
-                op: op.symbol().into(),
-                threshold,
-                passed: true,
-                detail: Some("not measured".into()),
-            },
-            Some((step, v)) => GateResult {
-                name: name.into(),
-                value: Some(v),
-                op: op.symbol().into(),
-                threshold,
-                passed: failing.is_empty(),
-                detail: Some(if failing.is_empty() {
-                    format!("worst at step {step}")
-                } else {
-                    format!("failing {}", failing.join(", "))
-                }),
-            },
-        });
+        if name == "informative_group_fraction" {
+            cands.extend(
+                h.dynamic
+                    .iter()
+                    .filter_map(|(k, d)| Some((*k, d.informative_fraction()?))),
+            );
+        }
+        let mut scopes = vec![(String::new(), cands)];
+        if mixed {
+            let replay_of = |step: u64| {
+                h.metrics
+                    .iter()
+                    .find(|m| m.step == step)
+                    .and_then(|m| m.routing_replay)
+            };
+            for (harness, c) in by_harness::gate_values(name, &h.harnesses, AUDIT_KINDS, replay_of) {
+                scopes.push((format!("harness {harness} "), c));
+            }
+        }
+        out.push(judge_steps(name, op, threshold, scopes, cfg.all_steps));
     }
     out
+}
+
+/// A run-level gate over its scopes (the run's, with an empty name, then each harness's), each
+/// measured or not: the value (the run's, else the worst harness's), whether every measured scope
+/// passed, and the detail (the run's own, then the failing harnesses by name).
+fn judge_run_level(
+    op: Op,
+    threshold: f64,
+    scopes: Vec<(String, Option<(f64, String)>)>,
+) -> (Option<f64>, bool, String) {
+    let measured: Vec<(String, f64, String)> = scopes
+        .into_iter()
+        .filter_map(|(scope, m)| m.map(|(v, d)| (scope, v, d)))
+        .collect();
+    // The run's own value when measured (as for the per-step gates), else the worst harness's.
+    let run_wide = measured.iter().any(|m| m.0.is_empty());
+    let worst = measured
+        .iter()
+        .filter(|m| m.0.is_empty() || !run_wide)
+        .map(|m| m.1)
+        .reduce(|a, b| if op.worse(b, a) { b } else { a });
+    let passed = measured.iter().all(|m| op.ok(m.1, threshold));
+    let overall = measured.iter().find(|m| m.0.is_empty()).map(|m| m.2.clone());
+    let harnesses: Vec<String> = measured
+        .iter()
+        .filter(|m| !m.0.is_empty() && !op.ok(m.1, threshold))
+        .map(|(scope, v, d)| format!("{scope}: {v:.4} ({d})"))
+        .collect();
+    let detail = match (overall, harnesses.is_empty()) {
+        (Some(d), true) => d,
+        (None, true) if measured.is_empty() => "not measured".to_string(),
+        (None, true) => "every harness within".to_string(),
+        (o, false) => format!(
+            "{}failing {}",
+            o.map(|d| d + "; ").unwrap_or_default(),
+            harnesses.join(", ")
+        ),
+    };
+    (worst, passed, detail)
+}
+
+/// One per-step gate over its scopes (the run, then each harness: a prefix for the detail and the
+/// values by step), judged on the latest step or on all with `all_steps`.
+fn judge_steps(
+    name: &str,
+    op: Op,
+    threshold: f64,
+    scopes: Vec<(String, BTreeMap<u64, f64>)>,
+    all_steps: bool,
+) -> GateResult {
+    let mut judged: Vec<(&str, u64, f64)> = Vec::new();
+    // Without `all_steps`, the run's latest step is judged in every scope (a harness that did not
+    // run in it is not judged on an older one); without a run-wide value, each scope's latest.
+    let latest = scopes.first().and_then(|s| s.1.keys().next_back().copied());
+    for (scope, cands) in &scopes {
+        let steps: Vec<(u64, f64)> = if all_steps {
+            cands.iter().map(|(k, v)| (*k, *v)).collect()
+        } else if let Some(step) = latest {
+            cands.get(&step).map(|v| (step, *v)).into_iter().collect()
+        } else {
+            cands
+                .iter()
+                .next_back()
+                .map(|(k, v)| (*k, *v))
+                .into_iter()
+                .collect()
+        };
+        judged.extend(steps.into_iter().map(|(k, v)| (scope.as_str(), k, v)));
+    }
+    // The value is the run's own (its worst judged step), so it means what it always meant; a
+    // harness's failure shows in `passed` and the detail. Only without a run-wide value is it the
+    // worst harness's.
+    let run_wide = judged.iter().any(|j| j.0.is_empty());
+    let worst = judged
+        .iter()
+        .copied()
+        .filter(|j| j.0.is_empty() || !run_wide)
+        .reduce(|a, b| if op.worse(b.2, a.2) { b } else { a });
+    let failing: Vec<String> = judged
+        .iter()
+        .filter(|(_, _, v)| !op.ok(*v, threshold))
+        .map(|(scope, s, v)| format!("{scope}step {s}: {v:.4}"))
+        .collect();
+    GateResult {
+        name: name.into(),
+        value: worst.map(|w| w.2),
+        op: op.symbol().into(),
+        threshold,
+        passed: failing.is_empty(),
+        detail: Some(match worst {
+            None => "not measured".into(),
+            Some(_) if !failing.is_empty() => format!("failing {}", failing.join(", ")),
+            Some((scope, step, _)) => format!("worst at {scope}step {step}"),
+        }),
+    }
 }
 
 #[cfg(test)]

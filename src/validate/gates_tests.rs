@@ -1,5 +1,6 @@
 //! Tests of [`super`] (kept apart: the gate table and its tests together exceed a file).
 use super::*;
+use crate::validate::health::RewardSum;
 
 fn health_with(step: u64, infra: u64, of: u64) -> Health {
     let mut h = Health::default();
@@ -175,4 +176,92 @@ fn train_reward_drop_compares_first_and_latest_windows() {
     assert!(judge(&with_train_rewards(&collapse, 24), &cfg)
         .iter()
         .all(|g| g.name != "train_reward_drop"));
+}
+
+fn harness_row(step: u64, harness: &str) -> crate::validate::by_harness::HarnessRow {
+    crate::validate::by_harness::HarnessRow {
+        step,
+        harness: harness.into(),
+        trajectories: 4,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_mixed_run_judges_pearson_and_reward_collapse_per_harness_naming_it() {
+    let mut h = Health::default();
+    h.metrics.push(StepMetrics {
+        step: 4,
+        logprob_pearson: Some(0.995),
+        routing_replay: Some(true),
+        ..Default::default()
+    });
+    for (harness, pearson) in [("a", 0.999), ("b", 0.97)] {
+        let mut r = harness_row(3, harness);
+        r.train = Some(crate::records::HarnessStepMetrics {
+            logprob_pearson: Some(pearson),
+            ..Default::default()
+        });
+        h.harnesses.push(r);
+    }
+    // Ten steps of rewards: harness a steady at 0.5, harness b from 1 to 0.
+    for step in 0..10 {
+        for harness in ["a", "b"] {
+            let mut r = harness_row(step, harness);
+            for i in 0..20 {
+                r.rewards.push(match harness {
+                    "a" => f64::from(i % 2),
+                    _ => f64::from(step < 5),
+                });
+            }
+            h.harnesses.push(r);
+        }
+    }
+    let g = judge(&h, &GateConfig::default());
+    let by = |n: &str| g.iter().find(|g| g.name == n).expect("gate").clone();
+    let p = by("logprob_pearson");
+    assert_eq!(p.value, Some(0.995), "the run's own value");
+    assert!(!p.passed);
+    assert_eq!(p.detail.as_deref(), Some("failing harness b step 4: 0.9700"));
+    assert_eq!(
+        by("logprob_pearson_without_replay").detail.as_deref(),
+        Some("not measured")
+    );
+    let r = by("train_reward_drop");
+    assert!(!r.passed);
+    assert_eq!(r.value, Some(1.0), "no run-wide steps: the worst harness's");
+    let detail = r.detail.unwrap_or_default();
+    assert!(
+        detail.starts_with("failing harness b: 1.0000 (steps 0-4: 1.000 (n=100)"),
+        "{detail}"
+    );
+    // One harness only: nothing is judged per harness.
+    h.harnesses.retain(|r| r.harness == "a");
+    let g = judge(&h, &GateConfig::default());
+    let p = g.iter().find(|g| g.name == "logprob_pearson").expect("gate");
+    assert!(p.passed, "{p:?}");
+}
+
+#[test]
+fn the_informative_fraction_is_judged_on_dynamically_sampled_steps_only() {
+    let mut h = health_with(2, 0, 10);
+    let g = judge(&h, &GateConfig::default());
+    let fraction = |g: &[GateResult]| {
+        g.iter()
+            .find(|g| g.name == "informative_group_fraction")
+            .expect("gate")
+            .clone()
+    };
+    assert_eq!(fraction(&g).detail.as_deref(), Some("not measured"));
+    h.dynamic.insert(
+        2,
+        crate::validate::dynamic::DynamicStep {
+            step: 2,
+            sampled_groups: 20,
+            informative_groups: 1,
+            ..Default::default()
+        },
+    );
+    let f = fraction(&judge(&h, &GateConfig::default()));
+    assert_eq!((f.value, f.passed), (Some(0.05), false));
 }

@@ -113,6 +113,8 @@ pub struct Health {
     pub problems: BTreeMap<String, Problem>,
     /// Per step and harness (a mixed rollout's split; one row per step for a single harness).
     pub harnesses: Vec<super::by_harness::HarnessRow>,
+    /// Dynamic sampling's figures, for the steps whose trajectories carry its marks.
+    pub dynamic: BTreeMap<u64, super::dynamic::DynamicStep>,
 }
 
 /// Consistency checks, each reported even when it found nothing.
@@ -135,8 +137,10 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     let mut last_version: HashMap<std::path::PathBuf, u64> = HashMap::new();
     let mut problems = std::mem::take(&mut h.problems);
     let mut by_harness = super::by_harness::ByHarness::default();
+    let mut dynamic = super::dynamic::DynamicCounter::default();
     for_each_trajectory(files, opts, |step, path, t: Trajectory| {
         by_harness.add_trajectory(step, &t);
+        dynamic.add_trajectory(step, &t);
         h.trajectories += 1;
         let s = h.steps.entry(step).or_insert_with(|| StepHealth {
             step,
@@ -227,6 +231,7 @@ pub fn measure(files: &RunFiles, opts: ReadOptions) -> Result<Health, RunError> 
     by_harness.add_align_stats(&files.align_stats, opts, latest)?;
     by_harness.add_metrics(&h.metrics);
     h.harnesses = by_harness.finish();
+    h.dynamic = dynamic.finish();
     h.problems = problems;
     Ok(h)
 }

@@ -5,6 +5,8 @@
 //! - held-out evaluation ([`eval`]): pass@1 with intervals, pass@k, comparisons.
 
 pub mod by_harness;
+mod collapse;
+pub mod dynamic;
 pub mod eval;
 pub mod gates;
 pub mod health;
@@ -150,6 +152,14 @@ pub fn validate_run(
             .map(|r| (r.harness.clone(), r.summary()))
             .collect();
         checks.insert("by_harness".into(), latest.into());
+    }
+    if let Some(d) = h.dynamic.values().next_back() {
+        // The latest dynamically sampled batch, with the budget warning when it ran out short.
+        let mut v = serde_json::to_value(d).unwrap_or_default();
+        if let (Some(w), Some(o)) = (d.warning(), v.as_object_mut()) {
+            o.insert("warning".into(), w.into());
+        }
+        checks.insert("dynamic_sampling".into(), v);
     }
     let report = ValidationReport {
         schema: ValidationReport::SCHEMA.into(),

@@ -375,3 +375,87 @@ fn the_loop_refills_batches_and_refilters_the_pool_between_steps() {
     assert_eq!(fig(&rows[0]), ["3", "1", "2", "3", ""]);
     assert_eq!(fig(&rows[1]), ["2", "1", "1", "2", "1"]);
 }
+
+/// `--pool-order curriculum`: filter-tasks writes each kept task's recent pass rate from training
+/// trajectories, and rollout's extra groups take the middle of the difficulty band first. With a
+/// budget of one extra group it is MIXED (2 of 4 solved), not the pool file's first task, ALWAYS
+/// (3 of 4), which the file's order would draw (and which the forced script always solves).
+#[test]
+fn the_curriculum_draws_the_middle_band_task_first() {
+    if !docker_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let p = pool(tmp.path());
+    let tasks = tasks_file(tmp.path(), "tasks.jsonl", &[ALWAYS, NEVER, MIXED]);
+    // Two recent groups per task; none saturated, so the re-filter keeps all three.
+    let recent = tmp.path().join("recent.jsonl");
+    let mut text = String::new();
+    let groups = [
+        (ALWAYS, [[1.0, 1.0], [1.0, 0.0]]),
+        (NEVER, [[0.0, 0.0], [1.0, 0.0]]),
+        (MIXED, [[1.0, 0.0], [0.0, 1.0]]),
+    ];
+    for (task, rewards) in groups {
+        for (g, rs) in rewards.iter().enumerate() {
+            for (i, r) in rs.iter().enumerate() {
+                let t = Trajectory {
+                    reward: Some(*r),
+                    ..Trajectory::new(task, g as u64, i as u32, "mini-swe-agent", "embedded", Vec::new())
+                };
+                text += &(serde_json::to_string(&t).unwrap() + "\n");
+            }
+        }
+    }
+    std::fs::write(&recent, text).unwrap();
+    let kept = tmp.path().join("pool.jsonl");
+    let o = lego()
+        .args(["filter-tasks", "--stages", "saturation", "-i"])
+        .arg(&tasks)
+        .arg("-o")
+        .arg(&kept)
+        .arg("--drop-saturated")
+        .arg(&recent)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pool_tasks: Vec<Task> = read_all(&kept, ReadOptions::default()).unwrap();
+    let rates: Vec<(&str, Option<(u32, u32)>)> = pool_tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.pass_rate.map(|r| (r.solved, r.trials))))
+        .collect();
+    assert_eq!(
+        rates,
+        [
+            (ALWAYS, Some((3, 4))),
+            (NEVER, Some((1, 4))),
+            (MIXED, Some((2, 4)))
+        ]
+    );
+
+    // No planned group (--epochs 0): the one extra group allowed is the pool's middle-band task.
+    let out = tmp.path().join("traj.jsonl.zst");
+    let run_id = format!("it-curriculum-{}", std::process::id());
+    let extra = [
+        "--epochs",
+        "0",
+        "--min-informative-groups",
+        "1",
+        "--max-extra-groups",
+        "1",
+        "--pool-order",
+        "curriculum",
+        "-j",
+        "2",
+        "--run-id",
+        &run_id,
+    ];
+    let o = lego().args(args(&p, &kept, &out, &extra)).output().unwrap();
+    assert!(
+        o.status.success(),
+        "rollout: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let want: BTreeMap<_, _> = [(key(MIXED, 0), (true, Some(0)))].into();
+    assert_eq!(marks(&read(&out)), want);
+}

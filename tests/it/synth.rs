@@ -7,8 +7,8 @@ use std::path::Path;
 
 use lego_rl::io::AtomicWriter;
 use lego_rl::records::{
-    AlignStats, AuditEvent, Generation, GraderResult, LossMask, Packed, Record, Sample, StageTiming,
-    StepMetrics, Termination, Trajectory,
+    AlignStats, AuditEvent, DynamicSampling, Generation, GraderResult, LossMask, Packed, Record, Sample,
+    StageTiming, StepMetrics, Termination, Trajectory,
 };
 use serde_json::{json, Value};
 
@@ -34,6 +34,9 @@ pub struct Synth {
     pub unreplayed: f64,
     /// logprob_kl of every step.
     pub kl: f64,
+    /// Dynamic sampling's marks, (N, budget): every group marked (informative when its graded
+    /// rewards vary), the last task's group as extra group 0, the pool holding every task.
+    pub dynamic: Option<(u64, u64)>,
 }
 
 impl Default for Synth {
@@ -50,6 +53,7 @@ impl Default for Synth {
             orphan_sample: false,
             unreplayed: 0.0,
             kl: 1e-6,
+            dynamic: None,
         }
     }
 }
@@ -231,6 +235,27 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
     }
 }
 
+/// Marks every group of one step's trajectories as rollout's dynamic sampling would.
+fn mark_dynamic(trajs: &mut [Trajectory], tasks: u64, n: u64, budget: u64) {
+    let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (i, t) in trajs.iter().enumerate() {
+        groups.entry(t.group_id).or_default().push(i);
+    }
+    for members in groups.values() {
+        let informative = DynamicSampling::varies(members.iter().map(|&i| &trajs[i]));
+        let last_task = trajs[members[0]].group_id % 100 == tasks - 1;
+        for &i in members {
+            trajs[i].dynamic_sampling = Some(DynamicSampling {
+                informative,
+                extra_group: last_task.then_some(0),
+                pool: tasks,
+                min_informative_groups: Some(n),
+                max_extra_groups: Some(budget),
+            });
+        }
+    }
+}
+
 /// Writes the run into `dir`.
 pub fn write_run(dir: &Path, s: &Synth) {
     let mut metrics = Vec::new();
@@ -241,6 +266,9 @@ pub fn write_run(dir: &Path, s: &Synth) {
                 let index = trajs.len();
                 trajs.push(trajectory(s, step, task, sample, index));
             }
+        }
+        if let Some((n, budget)) = s.dynamic {
+            mark_dynamic(&mut trajs, s.tasks as u64, n, budget);
         }
         let mut samples: Vec<Sample> = trajs
             .iter()

@@ -38,7 +38,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("33 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("34 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
@@ -121,6 +121,11 @@ fn failing_gates_exit_1_and_can_be_configured() {
     assert_eq!(p["detail"], "failing step 2: 0.9500");
     assert_eq!(gate(&v, "git_history_rate")["value"], 0.5);
     assert_eq!(gate(&v, "git_history_rate")["passed"], false);
+    // Every even trajectory is openhands' (synth's mixed run): all of them read git history.
+    assert_eq!(
+        gate(&v, "git_history_rate")["detail"],
+        "failing step 2: 0.5000, harness openhands step 2: 1.0000"
+    );
     assert_eq!(v["health"]["steps"]["2"]["audit"]["git_history"], 8);
     assert!(
         !dir.path().join("validation.jsonl.zst").exists(),
@@ -146,7 +151,7 @@ fn failing_gates_exit_1_and_can_be_configured() {
             "--gate",
             "logprob_pearson=0.9",
             "--gate",
-            "git_history_rate=0.6",
+            "git_history_rate=1.0",
             "--gate",
             "unreplayed_token_fraction=0.3",
             "--gate",
@@ -364,4 +369,91 @@ fn heldout_reward_collapse_fails_the_run() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// Dynamic sampling's marks (synth: every group marked, task 0's never informative, the last
+/// task's group extra 0 of a budget of 1, N = 4): validate's table per step, the
+/// `informative_group_fraction` gate, and the warning for a budget spent short of N.
+#[test]
+fn dynamic_sampling_figures_gate_and_budget_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            dynamic: Some((4, 1)),
+            ..Default::default()
+        },
+    );
+    let out = lego()
+        .args(["validate", "--no-report"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let header = text.lines().position(|l| l.contains("INFORMATIVE")).expect(&text);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(header + 1)
+        .take(3)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // STEP SAMPLED INFORMATIVE EXTRA POOL WANTED
+    assert_eq!(rows[2], ["2", "4", "3", "1/1", "4", "4"], "{text}");
+    assert!(
+        text.contains("warning: step 2: the extra-group budget (1) ran out with 3 of 4 informative groups"),
+        "{text}"
+    );
+    let (code, v) = validate_json(dir.path(), &[]);
+    assert_eq!(code, Some(0));
+    let g = gate(&v, "informative_group_fraction");
+    assert_eq!(
+        (g["value"].as_f64(), g["passed"].as_bool()),
+        (Some(0.75), Some(true)),
+        "{g}"
+    );
+    assert_eq!(v["health"]["dynamic"]["1"]["extra_groups"], 1);
+    let check = &v["report"]["checks"]["dynamic_sampling"];
+    assert_eq!(check["informative_groups"], 3, "{check}");
+    assert!(check["warning"]
+        .as_str()
+        .unwrap()
+        .starts_with("step 2: the extra-group budget"));
+    // A stricter threshold fails, naming the step.
+    let (code, v) = validate_json(dir.path(), &["--gate", "informative_group_fraction=0.8"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        gate(&v, "informative_group_fraction")["detail"],
+        "failing step 2: 0.7500"
+    );
+    // A run without marks has neither the table nor a measure.
+    let plain = tempfile::tempdir().unwrap();
+    write_run(plain.path(), &Synth::default());
+    let (_, v) = validate_json(plain.path(), &[]);
+    assert_eq!(gate(&v, "informative_group_fraction")["detail"], "not measured");
+    assert!(v["report"]["checks"].get("dynamic_sampling").is_none());
+}
+
+/// Per-harness gates on a mixed run (synth: even samples on openhands, odd on claude-code): two
+/// openhands infra failures make 2 of 16 trajectories (0.125, within 0.15) but 2 of openhands' 8
+/// (0.25): the gate fails and names the harness.
+#[test]
+fn a_gate_fails_for_one_harness_of_a_mixed_run_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(
+        dir.path(),
+        &Synth {
+            infra_every: 8,
+            ..Default::default()
+        },
+    );
+    let (code, v) = validate_json(dir.path(), &["--gate", "infra_failure_rate=0.15"]);
+    assert_eq!(code, Some(1), "{v}");
+    let g = gate(&v, "infra_failure_rate");
+    assert_eq!(g["value"], 0.125, "the run's own value");
+    assert_eq!(g["passed"], false);
+    assert_eq!(g["detail"], "failing harness openhands step 2: 0.2500");
+    let (code, v) = validate_json(dir.path(), &["--gate", "infra_failure_rate=0.3"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(gate(&v, "infra_failure_rate")["detail"], "worst at step 2");
 }

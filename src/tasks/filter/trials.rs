@@ -9,6 +9,12 @@
 //! - **online re-filtering** (`--drop-saturated FILE`): recent training trajectories; a task
 //!   whose last N groups (by policy version, then group id) were each all-solved (or each
 //!   all-failed) has zero reward variance under the current policy and is dropped.
+//!
+//! Both stages also give each task they saw trials of a [`PassRate`], which filter-tasks writes
+//! into the kept task's record (`Task::pass_rate`): the saturation stage's over the same last N
+//! groups it judged (the policy's recent behaviour; fewer when the task has fewer), else the
+//! difficulty stage's over its k counted trials. `rollout --pool-order curriculum` orders the task
+//! pool by it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -18,7 +24,7 @@ use serde_json::json;
 
 use super::Drop;
 use crate::io::{open_lines, TornTail};
-use crate::records::{check_schema, Termination, Trajectory};
+use crate::records::{check_schema, PassRate, Termination, Trajectory};
 
 /// A trial counts as solved when its reward is at least this (0/1 rewards; Harbor floats).
 pub const DEFAULT_SOLVED_THRESHOLD: f64 = 1.0;
@@ -160,6 +166,12 @@ impl Difficulty {
         })
     }
 
+    /// The pass rate over the task's counted trials (None without any).
+    pub fn pass_rate(&self, id: &str) -> Option<PassRate> {
+        let c = self.counts.get(id).filter(|c| c.counted > 0)?;
+        Some(PassRate::new(c.solved, c.counted))
+    }
+
     /// The stage's verdict: `Ok(evidence)` to pass, `Err` to drop. With
     /// [`Incomplete::Fail`], an incomplete task is a drop whose reason starts with `trials_`;
     /// the pipeline turns those into an error.
@@ -249,6 +261,17 @@ impl Saturation {
         Ok(Saturation { last_groups, groups })
     }
 
+    /// The pass rate over the task's last N groups (all of them when it has fewer; at least one
+    /// group, even with N = 0); None without a counted trial.
+    pub fn pass_rate(&self, id: &str) -> Option<PassRate> {
+        let groups = self.groups.get(id)?;
+        let n = (self.last_groups as usize).max(1).min(groups.len());
+        let (solved, trials) = groups[groups.len() - n..]
+            .iter()
+            .fold((0, 0), |(s, c), g| (s + g.0, c + g.1));
+        (trials > 0).then(|| PassRate::new(solved, trials))
+    }
+
     /// Drops a task whose last N groups all had zero reward variance in the same direction.
     pub fn check(&self, id: &str) -> Result<serde_json::Value, Drop> {
         let n = self.last_groups as usize;
@@ -302,5 +325,12 @@ mod tests {
         assert_eq!(r("varied"), "");
         assert_eq!(r("short"), "");
         assert_eq!(r("absent"), "");
+        // The pass rate covers the same last 2 groups (fewer when there are fewer).
+        let rate = |id: &str| s.pass_rate(id).map(|p| (p.solved, p.trials));
+        assert_eq!(rate("solved"), Some((8, 8)));
+        assert_eq!(rate("varied"), Some((6, 8)));
+        assert_eq!(rate("short"), Some((4, 4)));
+        assert_eq!(rate("absent"), None);
+        assert_eq!(s.pass_rate("varied").unwrap().rate, 0.75);
     }
 }

@@ -112,9 +112,21 @@ fn difficulty_band_from_known_pass_counts() {
     };
     let (code, _, stderr) = run(&[]);
     assert_eq!(code, 0, "{stderr}");
+    let kept = read_jsonl(&out);
     assert_eq!(
-        ids(&read_jsonl(&out), "id"),
+        ids(&kept, "id"),
         [id[1].clone(), id[2].clone(), id[3].clone(), id[6].clone()]
+    );
+    // Each kept task carries its pass rate over the k counted trials (for --pool-order curriculum).
+    let rates: Vec<&Value> = kept.iter().map(|t| &t["pass_rate"]).collect();
+    assert_eq!(
+        rates,
+        [
+            &json!({"rate": 0.25, "solved": 1, "trials": 4}),
+            &json!({"rate": 0.5, "solved": 2, "trials": 4}),
+            &json!({"rate": 0.75, "solved": 3, "trials": 4}),
+            &json!({"rate": 0.5, "solved": 2, "trials": 4}),
+        ]
     );
     assert_eq!(
         std::fs::read_to_string(&funnel).unwrap(),
@@ -222,7 +234,48 @@ fn saturated_tasks_are_dropped_from_recent_groups() {
         ],
     );
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(ids(&read_jsonl(&out), "id"), [id[2].clone(), id[3].clone()]);
+    let kept = read_jsonl(&out);
+    assert_eq!(ids(&kept, "id"), [id[2].clone(), id[3].clone()]);
+    // The kept tasks' pass rates over the same last 2 groups (1 when there is only one).
+    assert_eq!(
+        kept[0]["pass_rate"],
+        json!({"rate": 0.75, "solved": 3, "trials": 4})
+    );
+    assert_eq!(
+        kept[1]["pass_rate"],
+        json!({"rate": 1.0, "solved": 2, "trials": 2})
+    );
+    // A re-filter of that pool with newer trajectories replaces the rates, whatever the input says.
+    let newer = dir.path().join("newer.jsonl");
+    write_jsonl(
+        &newer,
+        &[
+            trajectory(&id[2], 11, 0, Some(0.0), "finished", 6),
+            trajectory(&id[2], 11, 1, Some(1.0), "finished", 6),
+        ],
+    );
+    let again = dir.path().join("again.jsonl");
+    let (code, _, stderr) = filter(
+        std::slice::from_ref(&out),
+        &[
+            "--stages",
+            "saturation",
+            "-o",
+            again.to_str().unwrap(),
+            "--drop-saturated",
+            newer.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let again = read_jsonl(&again);
+    assert_eq!(
+        again[0]["pass_rate"],
+        json!({"rate": 0.5, "solved": 1, "trials": 2})
+    );
+    assert_eq!(
+        again[1]["pass_rate"], kept[1]["pass_rate"],
+        "no newer groups: kept as it was"
+    );
     assert_eq!(
         std::fs::read_to_string(&funnel).unwrap(),
         "stage,in,out,dropped,reason,count\ningest,4,4,0,,0\n\

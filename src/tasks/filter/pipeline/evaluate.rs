@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::io::is_stdio;
-use crate::records::Task;
+use crate::records::{PassRate, Task};
 use crate::tasks::facts::content_hash;
 use crate::tasks::filter::funnel::Stage;
 use crate::tasks::filter::validity::Candidate;
@@ -58,6 +58,24 @@ fn to_task(path: &Path, line: u64, text: Option<&str>, parsed: &Parsed<'_>) -> R
             })
         }
     }
+}
+
+/// The output line of a kept task with its `pass_rate` set (replacing an older one).
+fn with_pass_rate(
+    path: &Path,
+    line: u64,
+    text: Option<&str>,
+    parsed: &Parsed<'_>,
+    rate: PassRate,
+) -> Result<Vec<u8>, TaskError> {
+    let mut task = to_task(path, line, text, parsed)?;
+    task.pass_rate = Some(rate);
+    let mut out = serde_json::to_vec(&task).map_err(|e| TaskError::Input {
+        path: path.to_path_buf(),
+        msg: format!("record {line}: cannot serialise task: {e}"),
+    })?;
+    out.push(b'\n');
+    Ok(out)
 }
 
 pub(super) fn evaluate(
@@ -111,13 +129,23 @@ pub(super) fn evaluate(
     } else {
         None
     };
-    let line_out = match &verdict {
-        Ok(()) if s.dry_run => None,
-        Ok(()) => match render(path, line, text, &parsed) {
+    // The kept task's recent pass rate (saturation stage, else difficulty) goes into its record.
+    let pass_rate = s
+        .saturation
+        .as_ref()
+        .and_then(|sat| sat.pass_rate(&f.id))
+        .or_else(|| s.difficulty.as_ref().and_then(|d| d.pass_rate(&f.id)));
+    let line_out = match (&verdict, pass_rate) {
+        (Ok(()), _) if s.dry_run => None,
+        (Ok(()), None) => match render(path, line, text, &parsed) {
             Ok(bytes) => Some(bytes),
             Err(e) => return Eval::Bad(e),
         },
-        Err(_) => None,
+        (Ok(()), Some(rate)) => match with_pass_rate(path, line, text, &parsed, rate) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => return Eval::Bad(e),
+        },
+        (Err(_), _) => None,
     };
     let (id_hash, dedupe_key) = (content_hash(&[&f.id]), f.dedupe_key);
     let id = match parsed {
