@@ -35,6 +35,18 @@
 #                        start has them, e.g. embed_tokens [none]
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
+#   LEGO_RL_MIN_INFORMATIVE  dynamic sampling (issue 39; rollout --min-informative-groups N): after
+#                        the planned groups, each GSPO rollout draws extra groups from the training
+#                        tasks until the batch holds N groups whose rewards vary, or the extra-group
+#                        budget is spent; align skips the zero-variance groups, which stay in the
+#                        trajectories file and count in the report [unset: off]. The pool of step s
+#                        (logs/pool-step-V.jsonl.zst) is order.txt rotated to start just after the
+#                        step's planned tasks, so extras continue the word-balanced order instead of
+#                        repeating its first tasks every step. Group ids then step by
+#                        LEGO_RL_MAX_EXTRA + 1 per version, so trajectory ids stay unique in the run.
+#                        Compare at an equal trial budget: a step spends 24 + 8 × extras trials
+#                        (README "Dynamic sampling").
+#   LEGO_RL_MAX_EXTRA    extra groups a GSPO batch may spend (rollout --max-extra-groups) [4 × N]
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
 #   LEGO_RL_EVAL_SAMPLES samples per held-out task (24 tasks) at the evaluations in between [1]
 #   LEGO_RL_EVAL_SAMPLES_ENDS  ... at the warm start's and the final evaluation, the two the proof
@@ -66,6 +78,13 @@ freeze=()
 [ -z "${LEGO_RL_FREEZE:-}" ] || freeze=(--freeze "$LEGO_RL_FREEZE")
 group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-3}
+min_informative=${LEGO_RL_MIN_INFORMATIVE:-}
+[ -z "${LEGO_RL_MAX_EXTRA:-}" ] || [ -n "$min_informative" ] || { echo "learn: error: LEGO_RL_MAX_EXTRA needs LEGO_RL_MIN_INFORMATIVE" >&2; exit 2; }
+max_extra=${LEGO_RL_MAX_EXTRA:-$((4 * ${min_informative:-0}))}
+# Group id of a GSPO batch = its version × stride: dynamic sampling's extra groups take the ids
+# after the batch's own (rollout --first-group + --epochs + k / pool size).
+group_stride=1
+[ -z "$min_informative" ] || group_stride=$((max_extra + 1))
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
 eval_samples=${LEGO_RL_EVAL_SAMPLES:-1}
 eval_samples_ends=${LEGO_RL_EVAL_SAMPLES_ENDS:-4}
@@ -162,12 +181,23 @@ for ((s = 0; s < steps; s++)); do
   if [ ! -f "$traj.done" ]; then
     zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
       for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$run/logs/tasks-$n.jsonl.zst"
-    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0, top-p $top_p) with $n"
+    dyn=()
+    if [ -n "$min_informative" ]; then
+      # The pool of extra groups: every training task, order.txt rotated past this step's tasks.
+      pool="$run/logs/pool-$n.jsonl.zst"
+      if [ ! -f "$pool" ]; then
+        zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
+          for (i = 0; i < n; i++) print t[(s * k + k + i) % n] }' | zstd -qf -o "$pool.tmp"
+        mv "$pool.tmp" "$pool"
+      fi
+      dyn=(--min-informative-groups "$min_informative" --max-extra-groups "$max_extra" --task-pool "$pool")
+    fi
+    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0, top-p $top_p${min_informative:+; until $min_informative informative groups, at most $max_extra extra}) with $n"
     # One rollout for all tasks of the step (the trainer's groups are (task, group id), so the
     # tasks sharing group id v stay separate groups); a rerun after a crash skips the groups
     # already in the file.
     "$lego" -q rollout -i "$run/logs/tasks-$n.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" --top-p "$top_p" \
-      --group-size "$group" --first-group "$v" -o "$traj" 2>>"$run/logs/rollout.log"
+      --group-size "$group" --first-group $((v * group_stride)) "${dyn[@]}" -o "$traj" 2>>"$run/logs/rollout.log"
     touch "$traj.done"
   fi
   "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"
@@ -192,12 +222,22 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 v0 = int(sys.argv[2])
 f = lambda x: f"{float(x):.3f}" if x else "-"
 base = next((float(r["eval_reward_mean"]) for r in rows if int(r["step"]) == v0 and r.get("eval_reward_mean")), None)
-print(f"{'version':>7} {'gspo step':>9} {'train reward':>12} {'n':>3} {'held-out reward':>15} {'n':>3} {'vs warm start':>13}")
+# With dynamic sampling (LEGO_RL_MIN_INFORMATIVE) also the batch's informative / sampled groups and
+# the train trials sampled so far, every dropped group's included: the budget to compare at.
+dynamic = any(r.get("informative_groups") for r in rows)
+extra = f" {'inf/groups':>10} {'trials so far':>13}" if dynamic else ""
+print(f"{'version':>7} {'gspo step':>9} {'train reward':>12} {'n':>3} {'held-out reward':>15} {'n':>3} {'vs warm start':>13}{extra}")
+spent = 0
 for r in rows:
     v = int(r["step"])
     if r["trajectories"] == "0" and r.get("eval_trajectories", "0") == "0":
         continue
     e = r.get("eval_reward_mean")
     d = f"{float(e) - base:+.3f}" if e and base is not None else "-"
-    print(f"{v:>7} {v - v0:>9} {f(r['reward_mean']):>12} {r['trajectories']:>3} {f(e):>15} {r.get('eval_trajectories', '-'):>3} {d:>13}")
+    extra = ""
+    if dynamic:
+        spent += int(r["trajectories"])
+        g = f"{r['informative_groups'] or '-'}/{r['groups']}"
+        extra = f" {g:>10} {spent:>13}"
+    print(f"{v:>7} {v - v0:>9} {f(r['reward_mean']):>12} {r['trajectories']:>3} {f(e):>15} {r.get('eval_trajectories', '-'):>3} {d:>13}{extra}")
 EOF
