@@ -35,6 +35,23 @@
 #                        start has them, e.g. embed_tokens [none]
 #   LEGO_RL_GROUP        trials per task in a GSPO batch [8]
 #   LEGO_RL_TASKS        tasks (groups) per GSPO batch [3: one per word, make_tasks.py's order.txt]
+#   LEGO_RL_MIN_INFORMATIVE  dynamic sampling (issue 39; rollout --min-informative-groups N): after
+#                        the planned groups, each GSPO rollout draws extra groups from the training
+#                        tasks until the batch holds N groups whose rewards vary, or the extra-group
+#                        budget is spent; align skips the zero-variance groups, which stay in the
+#                        trajectories file and count in the report [unset: off]. The pool of step s
+#                        (logs/pool-step-V.jsonl.zst) is order.txt rotated to start just after the
+#                        step's planned tasks, so extras continue the word-balanced order instead of
+#                        repeating its first tasks every step. Group ids then step by
+#                        LEGO_RL_MAX_EXTRA + 1 per version, so trajectory ids stay unique in the run.
+#                        A step spends 24 + 8 × extras trials: compare with a plain run at an
+#                        equal trial budget (LEGO_RL_TRIAL_BUDGET; README "Dynamic sampling").
+#   LEGO_RL_MAX_EXTRA    extra groups a GSPO batch may spend (rollout --max-extra-groups) [4 × N]
+#   LEGO_RL_TRIAL_BUDGET stop GSPO before the step whose planned groups would take the train trials
+#                        sampled so far (every trajectory of trajectories/, dropped groups included)
+#                        past this, and cap each step's extra groups to what is left [unset: off;
+#                        then LEGO_RL_STEPS alone decides]. With a large LEGO_RL_STEPS it makes a
+#                        plain and a dynamic-sampling run comparable at an equal trial budget.
 #   LEGO_RL_EVAL_EVERY   evaluate the held-out tasks every N GSPO steps [5]
 #   LEGO_RL_EVAL_SAMPLES samples per held-out task (24 tasks) at the evaluations in between [1]
 #   LEGO_RL_EVAL_SAMPLES_ENDS  ... at the warm start's and the final evaluation, the two the proof
@@ -66,6 +83,14 @@ freeze=()
 [ -z "${LEGO_RL_FREEZE:-}" ] || freeze=(--freeze "$LEGO_RL_FREEZE")
 group=${LEGO_RL_GROUP:-8}
 per_step=${LEGO_RL_TASKS:-3}
+min_informative=${LEGO_RL_MIN_INFORMATIVE:-}
+[ -z "${LEGO_RL_MAX_EXTRA:-}" ] || [ -n "$min_informative" ] || { echo "learn: error: LEGO_RL_MAX_EXTRA needs LEGO_RL_MIN_INFORMATIVE" >&2; exit 2; }
+max_extra=${LEGO_RL_MAX_EXTRA:-$((4 * ${min_informative:-0}))}
+# Group id of a GSPO batch = its version × stride: dynamic sampling's extra groups take the ids
+# after the batch's own (rollout --first-group + --epochs + k / pool size).
+group_stride=1
+[ -z "$min_informative" ] || group_stride=$((max_extra + 1))
+trial_budget=${LEGO_RL_TRIAL_BUDGET:-}
 eval_every=${LEGO_RL_EVAL_EVERY:-5}
 eval_samples=${LEGO_RL_EVAL_SAMPLES:-1}
 eval_samples_ends=${LEGO_RL_EVAL_SAMPLES_ENDS:-4}
@@ -153,8 +178,30 @@ evaluate() {
   touch "$out.done"
 }
 
+# spent_before V: train trials sampled by the GSPO batches of versions below V.
+spent_before() {
+  local f k=0 ver
+  for f in "$run"/trajectories/step-*.jsonl.zst; do
+    [ -f "$f" ] || continue
+    ver=${f##*/step-} ver=$((10#${ver%%.*}))
+    [ "$ver" -lt "$1" ] && k=$((k + $(zstd -dcq "$f" | grep -c .)))
+  done
+  echo "$k"
+}
+
 for ((s = 0; s < steps; s++)); do
   v=$((v0 + s)) n=$(name $((v0 + s))) next=$(name $((v0 + s + 1)))
+  step_extra=$max_extra
+  if [ -n "$trial_budget" ]; then
+    # Before the in-between evaluation: a budget that ends here leaves this version to the final one.
+    left=$((trial_budget - $(spent_before "$v") - per_step * group))
+    if [ "$left" -lt 0 ]; then
+      say "trial budget $trial_budget: $(spent_before "$v") train trials sampled, stopping before GSPO step $s"
+      steps=$s
+      break
+    fi
+    [ $((left / group)) -ge "$step_extra" ] || step_extra=$((left / group))
+  fi
   if [ "$s" -eq 0 ]; then evaluate "$v" "$eval_samples_ends"
   elif [ $((s % eval_every)) -eq 0 ]; then evaluate "$v" "$eval_samples"; fi
   [ -f "$run/checkpoints/$next/config.json" ] && continue
@@ -162,19 +209,44 @@ for ((s = 0; s < steps; s++)); do
   if [ ! -f "$traj.done" ]; then
     zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
       for (i = 0; i < k; i++) print t[(s * k + i) % n] }' | zstd -qf -o "$run/logs/tasks-$n.jsonl.zst"
-    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0, top-p $top_p) with $n"
+    dyn=()
+    if [ -n "$min_informative" ]; then
+      # The pool of extra groups: every training task, order.txt rotated past this step's tasks.
+      pool="$run/logs/pool-$n.jsonl.zst"
+      if [ ! -f "$pool" ]; then
+        zstd -dcq "$run/tasks.order.jsonl.zst" | awk -v s="$s" -v k="$per_step" 'NF { t[n++] = $0 } END {
+          for (i = 0; i < n; i++) print t[(s * k + k + i) % n] }' | zstd -qf -o "$pool.tmp"
+        mv "$pool.tmp" "$pool"
+      fi
+      dyn=(--min-informative-groups "$min_informative" --max-extra-groups "$step_extra" --task-pool "$pool")
+    fi
+    say "GSPO step $s: rollout ($per_step tasks × $group, T=1.0, top-p $top_p${min_informative:+; until $min_informative informative groups, at most $step_extra extra}) with $n"
     # One rollout for all tasks of the step (the trainer's groups are (task, group id), so the
     # tasks sharing group id v stay separate groups); a rerun after a crash skips the groups
     # already in the file.
     "$lego" -q rollout -i "$run/logs/tasks-$n.jsonl.zst" "${common[@]}" --backend "embedded:$run/checkpoints/$n" --top-p "$top_p" \
-      --group-size "$group" --first-group "$v" -o "$traj" 2>>"$run/logs/rollout.log"
+      --group-size "$group" --first-group $((v * group_stride)) "${dyn[@]}" -o "$traj" 2>>"$run/logs/rollout.log"
     touch "$traj.done"
   fi
   "$lego" -q align -i "$traj" -o "$run/samples/$n.jsonl.zst" --stats "$run/align-stats/$n.jsonl.zst"
-  rm -rf "$run/checkpoints/$next"
-  "$lego" -q train-step --loss gspo --lr "$lr" --warmup-steps "$warmup" --updates "$updates" --seed "$seed" \
-    "${freeze[@]}" --checkpoint "$run/checkpoints/$n" \
-    -i "$run/samples/$n.jsonl.zst" --out "$run/checkpoints/$next" --metrics "$run/metrics.jsonl.zst"
+  rm -rf "$run/checkpoints/$next" "$run/checkpoints/$next.tmp"
+  if [ -n "$(zstd -dcq "$run/samples/$n.jsonl.zst" | head -c 1)" ]; then
+    "$lego" -q train-step --loss gspo --lr "$lr" --warmup-steps "$warmup" --updates "$updates" --seed "$seed" \
+      "${freeze[@]}" --checkpoint "$run/checkpoints/$n" \
+      -i "$run/samples/$n.jsonl.zst" --out "$run/checkpoints/$next" --metrics "$run/metrics.jsonl.zst"
+  else
+    # No samples: with dynamic sampling, no group of the batch had reward variance and align skipped
+    # them all (or every trial was an infra failure); train-step refuses an empty batch. There is
+    # nothing to learn from, so the next version is this one's weights and optimizer state, one
+    # policy version on.
+    say "GSPO step $s: no informative group in the batch; $next = $n's weights, no update"
+    cp -r "$run/checkpoints/$n" "$run/checkpoints/$next.tmp"
+    # (Without lego-rl.json the version is read from the directory's name, already right.)
+    [ ! -f "$run/checkpoints/$n/lego-rl.json" ] ||
+      jq -c --arg p "$run/checkpoints/$n" '.policy_version += 1 | .parent_checkpoint = $p | .samples_this_step = 0' \
+        "$run/checkpoints/$n/lego-rl.json" >"$run/checkpoints/$next.tmp/lego-rl.json"
+    mv "$run/checkpoints/$next.tmp" "$run/checkpoints/$next"
+  fi
   # Only the newest checkpoint's optimizer state is needed to go on; keep the weights of all.
   if [ "$s" -gt 0 ]; then rm -f "$run/checkpoints/$n/optimizer.safetensors"; fi
 done
@@ -192,12 +264,23 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 v0 = int(sys.argv[2])
 f = lambda x: f"{float(x):.3f}" if x else "-"
 base = next((float(r["eval_reward_mean"]) for r in rows if int(r["step"]) == v0 and r.get("eval_reward_mean")), None)
-print(f"{'version':>7} {'gspo step':>9} {'train reward':>12} {'n':>3} {'held-out reward':>15} {'n':>3} {'vs warm start':>13}")
+# With dynamic sampling (LEGO_RL_MIN_INFORMATIVE) also the batch's informative / sampled groups and
+# the train trials sampled before the version (every dropped group's included): what its held-out
+# reward cost, the budget to compare at.
+dynamic = any(r.get("informative_groups") for r in rows)
+extra = f" {'inf/groups':>10} {'trials before':>13}" if dynamic else ""
+print(f"{'version':>7} {'gspo step':>9} {'train reward':>12} {'n':>3} {'held-out reward':>15} {'n':>3} {'vs warm start':>13}{extra}")
+spent = 0
 for r in rows:
     v = int(r["step"])
     if r["trajectories"] == "0" and r.get("eval_trajectories", "0") == "0":
         continue
     e = r.get("eval_reward_mean")
     d = f"{float(e) - base:+.3f}" if e and base is not None else "-"
-    print(f"{v:>7} {v - v0:>9} {f(r['reward_mean']):>12} {r['trajectories']:>3} {f(e):>15} {r.get('eval_trajectories', '-'):>3} {d:>13}")
+    extra = ""
+    if dynamic:
+        g = f"{r['informative_groups'] or '-'}/{r['groups']}"
+        extra = f" {g:>10} {spent:>13}"
+        spent += int(r["trajectories"])
+    print(f"{v:>7} {v - v0:>9} {f(r['reward_mean']):>12} {r['trajectories']:>3} {f(e):>15} {r.get('eval_trajectories', '-'):>3} {d:>13}{extra}")
 EOF

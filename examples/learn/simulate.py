@@ -18,7 +18,24 @@ and prints p(correct word) (teacher-forced, at the word's position) on training 
 It is an idealisation: the pipeline samples the whole call, and a malformed call earns 0. It was
 used to choose the family (REPEAT) and the learning rates (README "Choosing the family").
 
+With --arms it compares batch construction at an equal budget of sampled trials instead (issue 39,
+README "Dynamic sampling"): every arm starts from the same warm start and the same random state, and
+runs RL until it has sampled --budget trials, every sampled trial counted, those of dropped groups
+included.
+- `fixed`: the plain RL above (one training task per word, GROUP samples each, one update per batch;
+  a zero-variance group gets zero advantage but still costs its trials and counts in the mean).
+- `dynamic`: DAPO-style dynamic sampling as `rollout --min-informative-groups N --max-extra-groups M
+  --task-pool` does it (examples/learn/run.sh's LEGO_RL_MIN_INFORMATIVE): the same planned groups,
+  then extra groups from the training pool (further word-balanced triples of random tasks, as run.sh's
+  pool continues order.txt) until the batch holds N informative groups (reward variance > 0) or M
+  extra groups are spent; zero-variance groups are dropped and the update is on the informative ones.
+The policy at budget checkpoint C is the one trained on at most C sampled trials: it is evaluated
+before the first group that would take the count past C. A batch cut by the budget still updates on
+the informative groups it holds. Lines starting `ckpt` and `result` are for scripts
+(scripts/bench/dynamic_sampling.sh).
+
 Usage: simulate.py [--repeat N] [--sft-steps N] [--sft-lr X] [--rl-steps N] [--rl-lr X] [--group N] [--seed N]
+       simulate.py --arms fixed,dynamic --budget TRIALS [--min-informative N] [--max-extra M] [--checkpoints K] ...
 """
 import argparse
 import os
@@ -89,6 +106,92 @@ class Sim:
         return sum(lp[t["wid"]].exp().item() for lp, t in zip(self.word_logprobs(batch), batch)) / len(batch)
 
 
+def word_balanced(rng, by_word):
+    """Endless training tasks, one of each word per consecutive triple (order.txt's rule), random within."""
+    while True:
+        words = list(range(len(by_word)))
+        rng.shuffle(words)
+        for i in words:
+            yield rng.choice(by_word[i])
+
+
+@torch.no_grad()
+def sample_group(sim, task, group):
+    """GROUP samples of the word at temperature 1 and their rewards."""
+    (lp,) = sim.word_logprobs([task])
+    sample = torch.multinomial(lp.exp(), group, replacement=True)
+    return sample, (sample == task["wid"]).float()
+
+
+def update(sim, opt, groups, denom):
+    """One AdamW update on the groups (task, sample, rewards) with reward variance, the loss summed
+    over them and divided by DENOM (the batch's groups for `fixed`, as the plain RL loop does; the
+    informative ones for `dynamic`, whose dropped groups are not in the batch). False: nothing to do."""
+    informative = [g for g in groups if g[2].std() > 0]
+    if not informative:
+        return False
+    loss = 0.0
+    for lp, (t, sample, r) in zip(sim.word_logprobs([g[0] for g in informative]), informative):
+        adv = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
+        loss = loss - (adv * lp[sample]).mean() / denom
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(sim.m.parameters(), 1.0)
+    opt.step()
+    return True
+
+
+def run_arm(sim, warm, arm, a, by_word, probe, held):
+    """RL from the warm start until --budget trials are sampled; prints `ckpt` and `result` lines."""
+    sim.m.load_state_dict(warm)
+    opt = torch.optim.AdamW(sim.m.parameters(), lr=a.rl_lr, weight_decay=0.01)
+    # The same sampling noise and planned tasks at the start of every arm: a paired comparison.
+    torch.manual_seed(1000 + a.seed)
+    plan_rng = random.Random(a.seed)
+    extras = word_balanced(random.Random(2000 + a.seed), by_word)
+    marks = [a.budget * k // a.checkpoints for k in range(a.checkpoints + 1)]
+    st = dict(trials=0, groups=0, informative=0, extra=0, updates=0, batches=0, short=0, reward=0.0)
+    done = []
+
+    def reach(upto):
+        """Evaluate the current policy at every checkpoint below UPTO not yet evaluated."""
+        while len(done) < len(marks) and marks[len(done)] < upto:
+            done.append((sim.p_correct(probe), sim.p_correct(held)))
+            print(f"ckpt arm={arm} seed={a.seed} budget={marks[len(done) - 1]} trials={st['trials']} "
+                  f"updates={st['updates']} train={done[-1][0]:.4f} heldout={done[-1][1]:.4f}", flush=True)
+
+    while st["trials"] + a.group <= a.budget:
+        planned, groups, informative, spent = [plan_rng.choice(ts) for ts in by_word], [], 0, 0
+        while st["trials"] + a.group <= a.budget:
+            if planned:
+                task = planned.pop(0)
+            elif arm == "dynamic" and informative < a.min_informative and spent < a.max_extra:
+                task, spent = next(extras), spent + 1
+            else:
+                break
+            reach(st["trials"] + a.group)
+            sample, r = sample_group(sim, task, a.group)
+            groups.append((task, sample, r))
+            informative += int(r.std() > 0)
+            st["trials"] += a.group
+            st["reward"] += r.sum().item()
+        st["groups"] += len(groups)
+        st["informative"] += informative
+        st["extra"] += spent
+        st["batches"] += 1
+        st["short"] += int(arm == "dynamic" and informative < a.min_informative)
+        denom = len(groups) if arm == "fixed" else informative
+        st["updates"] += int(update(sim, opt, groups, denom))
+    reach(float("inf"))
+    dropped = (st["groups"] - st["informative"]) / max(st["groups"], 1)
+    words = ",".join(f"{w}:{sim.p_correct([t for t in held if t['word'] == i]):.3f}" for i, w in enumerate(make_tasks.WORDS))
+    print(f"result arm={arm} seed={a.seed} budget={a.budget} trials={st['trials']} batches={st['batches']} "
+          f"updates={st['updates']} groups={st['groups']} informative={st['informative']} "
+          f"zero_variance={dropped:.4f} extra={st['extra']} short_batches={st['short']} "
+          f"sampled_reward={st['reward'] / max(st['trials'], 1):.4f} "
+          f"train={done[-1][0]:.4f} heldout={done[-1][1]:.4f} heldout_by_word={words}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=make_tasks.REPEAT, help="extra mentions of the word")
@@ -99,7 +202,17 @@ def main():
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--every", type=int, default=10, help="print every N steps")
+    ap.add_argument("--arms", help="compare at an equal trial budget instead: fixed, dynamic or fixed,dynamic")
+    ap.add_argument("--budget", type=int, default=960, help="sampled trials per arm (--arms)")
+    ap.add_argument("--checkpoints", type=int, default=4, help="evaluations over the budget (--arms)")
+    ap.add_argument("--min-informative", type=int, default=3, help="N: informative groups per batch (dynamic)")
+    ap.add_argument("--max-extra", type=int, help="M: extra groups per batch (dynamic) [4 x N, rollout's default]")
     a = ap.parse_args()
+    arms = a.arms.split(",") if a.arms else []
+    if any(x not in ("fixed", "dynamic") for x in arms):
+        ap.error(f"--arms {a.arms}: each arm must be fixed or dynamic")
+    if a.max_extra is None:
+        a.max_extra = 4 * a.min_informative
     torch.set_num_threads(1)
     tok = transformers.AutoTokenizer.from_pretrained(make_model.TOKENIZER)
     all_tasks = tasks(tok, a.repeat)
@@ -124,9 +237,14 @@ def main():
         opt.step()
         if s % a.every == 0 or s == a.sft_steps:
             show("sft", s, loss.item())
+    by_word = [[t for t in train if t["word"] == i] for i in range(len(make_tasks.WORDS))]
+    if arms:
+        warm = {k: v.detach().clone() for k, v in sim.m.state_dict().items()}
+        for arm in arms:
+            run_arm(sim, warm, arm, a, by_word, probe, held)
+        return
     # A fresh optimizer for RL, as run.sh starts GSPO without SFT's optimizer state.
     opt = torch.optim.AdamW(sim.m.parameters(), lr=a.rl_lr, weight_decay=0.01)
-    by_word = [[t for t in train if t["word"] == i] for i in range(len(make_tasks.WORDS))]
     for s in range(1, a.rl_steps + 1):
         batch = [rng.choice(ts) for ts in by_word]
         loss, rewards = 0.0, []
