@@ -23,8 +23,10 @@
 #                          batch so trajectory ids stay unique across the run
 #   --curriculum           with --min-informative-groups: extra groups take the pool's tasks in the
 #                          middle of the difficulty band first (rollout --pool-order curriculum, by the
-#                          pass rates the --refilter pool records carry; without --refilter every task
-#                          counts as p = 0.5 and the order is by task id) (off)
+#                          pass rates the pool's task records carry: --refilter renews them from the
+#                          finished batches; without it, the rates filter-tasks wrote into --tasks
+#                          (its difficulty stage) hold for the whole run, and tasks without one count
+#                          as p = 0.5, ordered by task id) (off)
 #   --refilter G           before each batch after the first, drop from the pool the tasks whose last
 #                          G groups in the finished batches were all solved or all failed
 #                          (filter-tasks --drop-saturated); the pool and its decisions go to pool/ (off)

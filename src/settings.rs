@@ -16,9 +16,10 @@ pub struct GlobalArgs {
     /// Never draw progress bars (they are hidden anyway when stderr is not a terminal).
     #[arg(long, global = true)]
     pub no_progress: bool,
-    /// Fail on the first bad input record instead of skipping and counting it (build-images,
-    /// rollout, align, validate, report). train-step always stops at a bad sample, and
-    /// filter-tasks at a bad task unless given its own --keep-going.
+    /// Fail on the first bad input record instead of skipping and counting it (build-images
+    /// with --input, rollout, align, validate, report without --serve; an error where no records
+    /// are read). train-step always stops at a bad sample, and filter-tasks at a bad task unless
+    /// given its own --keep-going: there it changes nothing.
     #[arg(long, global = true)]
     pub strict: bool,
 }

@@ -241,6 +241,8 @@ for ((s = 0; s < steps; s++)); do
     # policy version on.
     say "GSPO step $s: no informative group in the batch; $next = $n's weights, no update"
     cp -r "$run/checkpoints/$n" "$run/checkpoints/$next.tmp"
+    # Its weight probe names the old version; a follower would ignore it with a warning.
+    rm -f "$run/checkpoints/$next.tmp/probe.json"
     # (Without lego-rl.json the version is read from the directory's name, already right.)
     [ ! -f "$run/checkpoints/$n/lego-rl.json" ] ||
       jq -c --arg p "$run/checkpoints/$n" '.policy_version += 1 | .parent_checkpoint = $p | .samples_this_step = 0' \

@@ -64,12 +64,14 @@ impl Resolved {
         if args.input.iter().filter(|p| crate::io::is_stdio(p)).count() > 1 {
             anyhow::bail!("stdin (`-`) can be given once as input");
         }
-        if let Some(missing) = args
-            .input
-            .iter()
-            .find(|p| !crate::io::is_stdio(p) && !p.is_file())
-        {
-            anyhow::bail!("-i {}: no such file", missing.display());
+        // `exists`, not `is_file`: a FIFO such as `-i <(zstd -dc …)` or /dev/stdin is input too.
+        for p in args.input.iter().filter(|p| !crate::io::is_stdio(p)) {
+            anyhow::ensure!(p.exists(), "-i {}: no such file", p.display());
+            anyhow::ensure!(
+                !p.is_dir(),
+                "-i {}: a directory, not a file of trajectories",
+                p.display()
+            );
         }
         anyhow::ensure!(args.jobs != Some(0), "--jobs 0: need at least 1");
         if let Some(stats) = &args.stats {

@@ -268,6 +268,14 @@ pub struct Verification {
     pub max_abs_delta: f64,
     /// The largest delta that passes.
     pub tolerance: f64,
+    /// Largest |this checkpoint's − the previously served checkpoint's| reference log-prob, when
+    /// a previous one was verified: how far apart the check can tell the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_apart: Option<f64>,
+    /// The two checkpoints' references are within the tolerance of each other, so a server that
+    /// kept the old weights would pass too (a step too small for the probe to see; warned).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inconclusive: bool,
     pub passed: bool,
 }
 

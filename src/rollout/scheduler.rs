@@ -60,15 +60,18 @@ struct GroupState {
 }
 
 /// The groups and trials of one run, from the first trial started to the summary.
+///
+/// Fields drop in declaration order: on an error the trials in flight (`running`) are aborted
+/// before the services they use (proxy, sockets) go away.
 pub(super) struct Scheduler<'a> {
     cfg: &'a RolloutConfig,
+    running: JoinSet<TrialDone>,
     services: Services,
     work: Work,
     writer: AppendWriter,
     policy: Policy,
     progress: Progress,
     groups: HashMap<GroupKey, GroupState>,
-    running: JoinSet<TrialDone>,
     /// Trajectory id → its trial's spinner.
     bars: HashMap<String, ProgressBar>,
     in_flight_trials: u64,

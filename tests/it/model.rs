@@ -105,7 +105,7 @@ pub fn tiny_moe_bf16() -> PathBuf {
 }
 
 /// `testdata/models/generated/NAME`, made by scripts/make_tiny_models.py once when missing.
-fn generated(cell: &OnceLock<PathBuf>, name: &str) -> PathBuf {
+pub(crate) fn generated(cell: &OnceLock<PathBuf>, name: &str) -> PathBuf {
     cell.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let dir = root.join("testdata/models/generated").join(name);

@@ -19,12 +19,14 @@ use crate::common::{docker_available, lego, root};
 
 /// The head_dim-32 tiny Qwen3-MoE (scripts/make_tiny_models.py), context 2048.
 pub(crate) fn hd32() -> PathBuf {
-    root().join("testdata/models/generated/tiny-qwen3-moe-hd32")
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    crate::model::generated(&DIR, "tiny-qwen3-moe-hd32")
 }
 
 /// Its weights rounded to and saved in bf16.
 fn hd32_bf16() -> PathBuf {
-    root().join("testdata/models/generated/tiny-qwen3-moe-hd32-bf16")
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    crate::model::generated(&DIR, "tiny-qwen3-moe-hd32-bf16")
 }
 
 pub(crate) fn vllm_python() -> PathBuf {
@@ -321,6 +323,11 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
         // The reference came from the probe.json written with the weights, as train-step writes
         // it, and equals scoring the checkpoint.
         assert_eq!(v.reference, "probe.json", "{v:?}");
+        // The check saw the step: the two checkpoints' references are far apart.
+        assert!(
+            !v.inconclusive && v.previous_apart.unwrap() > 10.0 * v.tolerance,
+            "{v:?}"
+        );
         let (old, _) = reference_logprobs(&hd32(), tch::Device::Cpu).await.unwrap();
         let (new, _) = reference_logprobs(&changed, tch::Device::Cpu).await.unwrap();
         let model = lego_rl::model::Model::load(&changed, tch::Device::Cpu, None).unwrap();
