@@ -50,30 +50,30 @@ decontamination\t''
 validity\t''
 difficulty\t''
 saturation\t''"
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-statement-chars -d 'Rules: minimum problem-statement length in characters' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-statement-chars -d 'Rules: maximum problem-statement length in characters' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-patch-lines -d 'Rules: minimum changed (added + removed) lines of the gold patch' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-patch-lines -d 'Rules: maximum changed lines of the gold patch' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-patch-files -d 'Rules: maximum files touched by the gold patch' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-test-patch-lines -d 'Rules: maximum changed lines of the test patch' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-test-patch-files -d 'Rules: maximum files touched by the test patch' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-statement-chars -d 'Rules: minimum problem-statement length in characters [default: 20]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-statement-chars -d 'Rules: maximum problem-statement length in characters [default: 50000]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-patch-lines -d 'Rules: minimum changed (added + removed) lines of the gold patch [default: 1]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-patch-lines -d 'Rules: maximum changed lines of the gold patch [default: 500]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-patch-files -d 'Rules: maximum files touched by the gold patch [default: 10]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-test-patch-lines -d 'Rules: maximum changed lines of the test patch [default: 2000]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-test-patch-files -d 'Rules: maximum files touched by the test patch [default: 20]' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l languages -d 'Rules: allowed languages, comma-separated (record `language`, else guessed from the patch)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l licenses -d 'Rules: allowed licences, comma-separated (record `license` or `license_name`)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l exclude-instances -d 'Decontamination: drop tasks whose id (or gold patch) is in FILE (any accepted format or an id list)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l exclude-repos-of -d 'Decontamination: drop tasks from any repository of FILE\'s tasks' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l validity-runs -d 'Validity: repetitions of the with/without-fix check; a graded test that differs between runs marks the task flaky (default 1)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l validity-runs -d 'Validity: repetitions of the with/without-fix check; a graded test that differs between runs marks the task flaky [default: 1]' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l images -d 'Validity: build-images\' manifest of these tasks\' images (repeatable)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s j -l jobs -d 'Validity: sandbox runs in flight at once' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -s j -l jobs -d 'Validity: sandbox runs in flight at once [default: 2]' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l trials -d 'Difficulty: trajectories of k reference-policy trials per task (rollout output)' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-solved -d 'Difficulty: keep tasks solved at least this many times of k' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-solved -d 'Difficulty: keep tasks solved at most this many times of k' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l trials-per-task -d 'Difficulty: trials per task (k)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l solved-threshold -d 'Difficulty and saturation: a trial with at least this reward counts as solved' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l incomplete-trials -d 'Difficulty: tasks with fewer than k counted trials (missing or infra-failed)' -r -f -a "drop\t'Drop it (reason `trials_missing` or `trials_incomplete`)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l min-solved -d 'Difficulty: keep tasks solved at least this many times of k [default: 1]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l max-solved -d 'Difficulty: keep tasks solved at most this many times of k [default: 3]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l trials-per-task -d 'Difficulty: trials per task (k) [default: 4]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l solved-threshold -d 'Difficulty and saturation: a trial with at least this reward counts as solved [default: 1]' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l incomplete-trials -d 'Difficulty: tasks with fewer than k counted trials (missing or infra-failed) [default: drop]' -r -f -a "drop\t'Drop it (reason `trials_missing` or `trials_incomplete`)'
 keep\t'Keep it (it passes the stage with reason recorded in its decision)'
 fail\t'Stop with an error listing such tasks'"
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l drop-saturated -d 'Saturation: recent training trajectories; drop tasks whose last N groups were all-solved or all-failed' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l saturation-groups -d 'Saturation: N, the number of most recent groups that must all be uniform' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l saturation-groups -d 'Saturation: N, the number of most recent groups that must all be uniform [default: 2]' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l dry-run -d 'Run the stages and report the funnel (and decisions) without writing kept tasks'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l keep-going -d 'Record bad records and unreadable inputs in the funnel instead of stopping (exit 1 at the end)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand filter-tasks" -l no-rules -d 'Skip the rules stage (when --stages is not given)'
@@ -215,15 +215,15 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l no-progre
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l strict -d 'Fail on the first bad input record instead of skipping and counting it (build-images with --input, rollout, align, validate, report without --serve; an error where no records are read). train-step always stops at a bad sample, and filter-tasks at a bad task unless given its own --keep-going: there it changes nothing'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gates -d 'TOML gate file: `all_steps = bool`, `[thresholds] NAME = number`, `disable = [NAME, ...]`' -r -F
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gate -d 'Override one gate: NAME=NUMBER, or NAME=off to disable it (repeatable)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l report-out -d 'Append the validation-report record here instead of RUN_DIR/validation.jsonl.zst' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gates -d 'TOML gate file: `all_steps = bool`, `[thresholds] NAME = number`, `disable = [NAME, ...]` (run health)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gate -d 'Override one gate: NAME=NUMBER, or NAME=off to disable it (repeatable; run health)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l report-out -d 'Append the validation-report record here instead of RUN_DIR/validation.jsonl.zst (the only place --eval/--compare alone append one)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l eval -d 'Score held-out trajectories (files or run directories)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l compare -d 'Compare two evaluations: B − A with a 95% interval' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l json -d 'Print the result as JSON instead of a table'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l health -d 'Judge explicit files as one run (health and gates) instead of checking their records'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l all-steps -d 'Judge every step, not only the latest'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l no-report -d 'Do not append a validation-report record'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l all-steps -d 'Judge every step, not only the latest (run health)'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l no-report -d 'Do not append a validation-report record (run health)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

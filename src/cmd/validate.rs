@@ -1,7 +1,7 @@
 //! `lego-rl validate`: record checks of files, run health with gates, held-out evaluation.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -44,6 +44,14 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   samples, per harness and per repo. `--compare A B` prints B − A with a paired bootstrap
 ///   interval over common tasks. A or B may be a file or a run directory.
 ///
+/// The modes combine as RUN_DIR (or --health FILE...) plus --eval and/or --compare, into one
+/// report record. Gates (--gates, --gate, --all-steps) belong to run health; --report-out and
+/// --no-report to run health and evaluation (--eval/--compare alone append a report only to
+/// --report-out). A flag the chosen mode does not read is an error (exit 2) before any file is
+/// judged, as are --health without files or with a run directory, and files beside
+/// --eval/--compare without --health. The global --strict applies to record checks; run health
+/// and evaluation always stop at the first bad record (exit 2).
+///
 /// Gates (defaults; override with `--gates FILE` (TOML, see examples/gates.toml) and
 /// `--gate NAME=VALUE` or `--gate NAME=off`):
 ///   logprob_pearson >= 0.99 (steps trained with routing replay),
@@ -80,19 +88,21 @@ pub struct ValidateArgs {
     /// Judge explicit files as one run (health and gates) instead of checking their records.
     #[arg(long)]
     pub health: bool,
-    /// TOML gate file: `all_steps = bool`, `[thresholds] NAME = number`, `disable = [NAME, ...]`.
+    /// TOML gate file: `all_steps = bool`, `[thresholds] NAME = number`, `disable = [NAME, ...]`
+    /// (run health).
     #[arg(long, value_name = "FILE")]
     pub gates: Option<PathBuf>,
-    /// Override one gate: NAME=NUMBER, or NAME=off to disable it (repeatable).
+    /// Override one gate: NAME=NUMBER, or NAME=off to disable it (repeatable; run health).
     #[arg(long = "gate", value_name = "NAME=VALUE")]
     pub gate: Vec<String>,
-    /// Judge every step, not only the latest.
+    /// Judge every step, not only the latest (run health).
     #[arg(long)]
     pub all_steps: bool,
-    /// Append the validation-report record here instead of RUN_DIR/validation.jsonl.zst.
+    /// Append the validation-report record here instead of RUN_DIR/validation.jsonl.zst (the
+    /// only place --eval/--compare alone append one).
     #[arg(long, value_name = "FILE")]
     pub report_out: Option<PathBuf>,
-    /// Do not append a validation-report record.
+    /// Do not append a validation-report record (run health).
     #[arg(long, conflicts_with = "report_out")]
     pub no_report: bool,
     /// Score held-out trajectories (files or run directories).
@@ -103,87 +113,227 @@ pub struct ValidateArgs {
     pub compare: Vec<PathBuf>,
 }
 
+/// What the flags resolve to, worked out before any record is read: the mode, its gates and
+/// where its report goes, so a bad gate file or a flag the mode would ignore fails at once.
+struct Resolved {
+    mode: Mode,
+    /// Print JSON instead of tables (every mode).
+    json: bool,
+}
+
+/// What `validate` does.
+enum Mode {
+    /// `validate FILE...`: every record parses as its kind; `strict` stops at the first bad one.
+    Records { files: Vec<PathBuf>, strict: bool },
+    /// Run health, held-out evaluation and comparison, each optional but not all absent: they
+    /// combine into one report record (boxed: its run files dwarf the other variant).
+    Judge(Box<Judge>),
+}
+
+/// Run health (RUN_DIR, or `--health FILE...`), `--eval`, `--compare`, and the report's target.
+struct Judge {
+    health: Option<Health>,
+    /// The trajectories of each `--eval` argument.
+    eval: Vec<RunFiles>,
+    /// `--compare A B`: the trajectories of A and of B.
+    compare: Option<(RunFiles, RunFiles)>,
+    report: ReportTarget,
+}
+
+/// The files of a run and the gates they are judged by.
+struct Health {
+    files: RunFiles,
+    gates: GateConfig,
+}
+
+/// Where the validation-report record is appended.
+enum ReportTarget {
+    /// Nowhere: `--no-report`, explicit `--health` files (no run directory to hold it), or
+    /// `--eval`/`--compare` alone without `--report-out`.
+    None,
+    /// The run directory's validation file (RUN_DIR/validation.jsonl.zst, or the one it has).
+    RunDefault(PathBuf),
+    /// `--report-out FILE`.
+    Given(PathBuf),
+}
+
+impl ReportTarget {
+    fn path(&self) -> Option<&Path> {
+        match self {
+            ReportTarget::None => None,
+            ReportTarget::RunDefault(p) | ReportTarget::Given(p) => Some(p),
+        }
+    }
+}
+
+impl Resolved {
+    fn from_args(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Self> {
+        let run_dir = run_dir_of(&args.files)?;
+        let evaluates = !args.eval.is_empty() || !args.compare.is_empty();
+        if run_dir.is_none() && !args.health && !evaluates {
+            if let Some(flag) = gate_flags(&args).chain(report_flags(&args)).next() {
+                anyhow::bail!(
+                    "{flag}: `validate FILE...` checks records only; gates and the report record \
+                     belong to run health (RUN_DIR, or --health FILE...)"
+                );
+            }
+            return Ok(Resolved {
+                mode: Mode::Records {
+                    files: args.files,
+                    strict: global.strict,
+                },
+                json: args.json,
+            });
+        }
+        let health = match (&run_dir, args.health) {
+            (Some(_), true) => {
+                anyhow::bail!(
+                    "--health: a run directory is judged as a run already; --health is for record files"
+                )
+            }
+            (None, true) if args.files.is_empty() => {
+                anyhow::bail!("--health: needs the record files (FILE...) to judge as one run")
+            }
+            (Some(dir), false) => Some(RunFiles::discover(dir, false)?),
+            (None, true) => Some(RunFiles::from_files(&args.files)?),
+            (None, false) => None,
+        };
+        if let (None, Some(f)) = (&health, args.files.first()) {
+            anyhow::bail!(
+                "{}: files beside --eval/--compare are judged as a run only with --health; check \
+                 their records with a separate `validate FILE...`",
+                f.display()
+            );
+        }
+        let report = match (&health, args.report_out.clone(), args.no_report) {
+            (_, Some(p), _) => ReportTarget::Given(p),
+            (Some(files), None, false) => files
+                .default_report_path()
+                .map_or(ReportTarget::None, ReportTarget::RunDefault),
+            (Some(_), None, true) => ReportTarget::None,
+            (None, None, true) => anyhow::bail!(
+                "--no-report: --eval/--compare without a run append no report unless given --report-out"
+            ),
+            (None, None, false) => ReportTarget::None,
+        };
+        let health = match health {
+            Some(files) => Some(Health {
+                files,
+                gates: gate_config(&args)?,
+            }),
+            None => {
+                if let Some(flag) = gate_flags(&args).next() {
+                    anyhow::bail!(
+                        "{flag}: --eval/--compare judge no gates; gates belong to run health \
+                         (RUN_DIR, or --health FILE...)"
+                    );
+                }
+                None
+            }
+        };
+        let eval = args
+            .eval
+            .iter()
+            .map(|p| eval_files(p))
+            .collect::<Result<_, _>>()?;
+        let compare = match args.compare.as_slice() {
+            [a, b] => Some((eval_files(a)?, eval_files(b)?)),
+            _ => None,
+        };
+        Ok(Resolved {
+            mode: Mode::Judge(Box::new(Judge {
+                health,
+                eval,
+                compare,
+                report,
+            })),
+            json: args.json,
+        })
+    }
+}
+
+/// The run directory when it is the only argument; an error when a directory is one of several.
+fn run_dir_of(files: &[PathBuf]) -> anyhow::Result<Option<PathBuf>> {
+    match files {
+        [one] if one.is_dir() => Ok(Some(one.clone())),
+        many => match many.iter().find(|p| p.is_dir()) {
+            Some(d) => anyhow::bail!("{}: a run directory must be the only argument", d.display()),
+            None => Ok(None),
+        },
+    }
+}
+
+/// The gate flags given, as spelled on the command line (only run health reads them).
+fn gate_flags(a: &ValidateArgs) -> impl Iterator<Item = &'static str> {
+    [
+        ("--gates", a.gates.is_some()),
+        ("--gate", !a.gate.is_empty()),
+        ("--all-steps", a.all_steps),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+}
+
+/// The report-record flags given (run health and eval write a report; record checks do not).
+fn report_flags(a: &ValidateArgs) -> impl Iterator<Item = &'static str> {
+    [
+        ("--report-out", a.report_out.is_some()),
+        ("--no-report", a.no_report),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+}
+
+/// The default gates, then `--gates FILE`, then each `--gate`, then `--all-steps`.
+fn gate_config(a: &ValidateArgs) -> anyhow::Result<GateConfig> {
+    let mut cfg = GateConfig::default();
+    if let Some(p) = &a.gates {
+        cfg.apply_file(p)?;
+    }
+    for g in &a.gate {
+        cfg.apply_flag(g)?;
+    }
+    cfg.all_steps |= a.all_steps;
+    Ok(cfg)
+}
+
 /// Runs `validate`.
 pub fn run(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let run_dir = match args.files.as_slice() {
-        [one] if one.is_dir() => Some(one.clone()),
-        many => {
-            if let Some(d) = many.iter().find(|p| p.is_dir()) {
-                anyhow::bail!("{}: a run directory must be the only argument", d.display());
-            }
-            None
-        }
-    };
-    if run_dir.is_none() && !args.health && args.eval.is_empty() && args.compare.is_empty() {
-        return check_records(&args, global);
+    let Resolved { mode, json } = Resolved::from_args(args, global)?;
+    match mode {
+        Mode::Records { files, strict } => check_records(&files, strict, json),
+        Mode::Judge(j) => judge(&j, json),
     }
+}
+
+/// Run health, eval and compare, each as asked; prints them, then appends their one report.
+fn judge(j: &Judge, json: bool) -> anyhow::Result<Outcome> {
+    // Run health and eval read finished files: a bad record is an error whatever --strict says.
     let opts = crate::io::ReadOptions {
         strict: true,
         torn_tail: crate::io::TornTail::Error,
     };
     let mut out = std::io::stdout().lock();
-    let mut json = serde_json::Map::new();
+    let mut doc = serde_json::Map::new();
     let mut report: Option<ValidationReport> = None;
     let mut outcome = Outcome::Ok;
-    let mut report_path = args.report_out.clone();
-    if run_dir.is_some() || (args.health && !args.files.is_empty()) {
-        let files = match &run_dir {
-            Some(d) => RunFiles::discover(d, false)?,
-            None => RunFiles::from_files(&args.files)?,
-        };
-        let mut cfg = GateConfig::default();
-        if let Some(p) = &args.gates {
-            cfg.apply_file(p)?;
-        }
-        for g in &args.gate {
-            cfg.apply_flag(g)?;
-        }
-        cfg.all_steps |= args.all_steps;
-        let verdict = validate_run(&files, opts, &cfg)?;
+    if let Some(h) = &j.health {
+        let verdict = validate_run(&h.files, opts, &h.gates)?;
         if !verdict.report.passed {
             outcome = Outcome::Failures;
         }
-        if report_path.is_none() {
-            report_path = files.default_report_path();
-        }
-        if !args.json {
+        if !json {
             print_gates(&mut out, &verdict.report.gates)?;
             print_steps(&mut out, &verdict.health)?;
             crate::validate::dynamic::print(&mut out, &verdict.health.dynamic)?;
             crate::validate::by_harness::print(&mut out, &verdict.health.harnesses)?;
         }
-        json.insert("health".into(), serde_json::to_value(&verdict.health)?);
+        doc.insert("health".into(), serde_json::to_value(&verdict.health)?);
         report = Some(verdict.report);
     }
-    let mut eval_json = serde_json::Map::new();
-    if !args.eval.is_empty() {
-        let mut b = EvalBuilder::default();
-        for p in &args.eval {
-            for_each_trajectory(&eval_files(p)?, opts, |_, _, t: Trajectory| {
-                b.add(&t, &eval::repo_of(&t))
-            })?;
-        }
-        let e = b.finish();
-        if !args.json {
-            print_eval(&mut out, &e)?;
-        }
-        eval_json.insert("score".into(), serde_json::to_value(&e)?);
-    }
-    if let [a, bpath] = args.compare.as_slice() {
-        let oa = outcomes(a, opts)?;
-        let ob = outcomes(bpath, opts)?;
-        let c = eval::compare(&oa, &ob);
-        if !args.json {
-            writeln!(
-                out,
-                "compare: {} common task(s); A {:.4}  B {:.4}  B-A {:+.4}  95% CI [{:+.4}, {:+.4}] (paired bootstrap over tasks)",
-                c.common_tasks, c.a_pass_at_1, c.b_pass_at_1, c.difference, c.ci95[0], c.ci95[1]
-            )?;
-        }
-        eval_json.insert("compare".into(), serde_json::to_value(&c)?);
-    }
+    let eval_json = evaluate(j, opts, json, &mut out)?;
     if !eval_json.is_empty() {
-        json.insert("eval".into(), serde_json::Value::Object(eval_json.clone()));
+        doc.insert("eval".into(), serde_json::Value::Object(eval_json.clone()));
         let r = report.get_or_insert_with(|| ValidationReport {
             schema: <ValidationReport as crate::records::Record>::SCHEMA.into(),
             passed: true,
@@ -192,25 +342,59 @@ pub fn run(args: ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         r.eval = eval_json;
     }
     if let Some(r) = &report {
-        json.insert("report".into(), serde_json::to_value(r)?);
+        doc.insert("report".into(), serde_json::to_value(r)?);
     }
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &json)?;
+    if json {
+        serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     }
     out.flush()?;
-    if let (Some(r), Some(p), false) = (&report, &report_path, args.no_report) {
+    if let (Some(r), Some(p)) = (&report, j.report.path()) {
         append_report(p, r).with_context(|| format!("appending the validation report to {}", p.display()))?;
         tracing::info!("appended a validation report to {}", p.display());
     }
     Ok(outcome)
 }
 
+/// `--eval` and `--compare`: prints them unless `json`, and returns their JSON (`score`,
+/// `compare`; empty when neither was asked).
+fn evaluate(
+    j: &Judge,
+    opts: crate::io::ReadOptions,
+    json: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut eval_json = serde_json::Map::new();
+    if !j.eval.is_empty() {
+        let mut b = EvalBuilder::default();
+        for files in &j.eval {
+            for_each_trajectory(files, opts, |_, _, t: Trajectory| b.add(&t, &eval::repo_of(&t)))?;
+        }
+        let e = b.finish();
+        if !json {
+            print_eval(out, &e)?;
+        }
+        eval_json.insert("score".into(), serde_json::to_value(&e)?);
+    }
+    if let Some((a, b)) = &j.compare {
+        let c = eval::compare(&outcomes(a, opts)?, &outcomes(b, opts)?);
+        if !json {
+            writeln!(
+                out,
+                "compare: {} common task(s); A {:.4}  B {:.4}  B-A {:+.4}  95% CI [{:+.4}, {:+.4}] (paired bootstrap over tasks)",
+                c.common_tasks, c.a_pass_at_1, c.b_pass_at_1, c.difference, c.ci95[0], c.ci95[1]
+            )?;
+        }
+        eval_json.insert("compare".into(), serde_json::to_value(&c)?);
+    }
+    Ok(eval_json)
+}
+
 /// The record-check mode (`validate FILE...`).
-fn check_records(args: &ValidateArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
-    let checks = check_files(&args.files, global.strict);
+fn check_records(files: &[PathBuf], strict: bool, json: bool) -> anyhow::Result<Outcome> {
+    let checks = check_files(files, strict);
     let mut out = std::io::stdout().lock();
-    if args.json {
+    if json {
         serde_json::to_writer_pretty(&mut out, &checks)?;
         writeln!(out)?;
     } else {

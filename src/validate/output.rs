@@ -41,10 +41,10 @@ pub fn eval_files(p: &Path) -> Result<RunFiles, RunError> {
     })
 }
 
-/// Pass/fail outcomes per task of the trajectories [`eval_files`] names.
-pub fn outcomes(p: &Path, opts: crate::io::ReadOptions) -> Result<Outcomes, RunError> {
+/// Pass/fail outcomes per task of the trajectories of `files` (what [`eval_files`] names).
+pub fn outcomes(files: &RunFiles, opts: crate::io::ReadOptions) -> Result<Outcomes, RunError> {
     let mut o = Outcomes::default();
-    for_each_trajectory(&eval_files(p)?, opts, |_, _, t| o.add(&t))?;
+    for_each_trajectory(files, opts, |_, _, t| o.add(&t))?;
     Ok(o)
 }
 

@@ -465,3 +465,174 @@ fn build_images_align_and_report_reject_bad_flags_before_any_work() {
         );
     }
 }
+
+/// `validate` and `filter-tasks` refuse a flag that the chosen mode or stage set would ignore:
+/// exit 2 naming the flag (and, for filter-tasks, its stage), before any file is judged or
+/// filtered: no table, no validation report appended, no kept tasks, decisions or funnel.
+/// Regression: `validate FILE...` dropped the gate and report flags, `--eval` alone the gate
+/// flags and `--no-report`, `--health` without files and files beside `--eval` were ignored;
+/// filter-tasks dropped the flags of every stage that did not run, and took `-j 0` as 1.
+#[test]
+fn validate_and_filter_tasks_reject_flags_their_mode_ignores() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = crate::common::root();
+    let run = dir.path().join("run");
+    crate::synth::write_run(&run, &crate::synth::Synth::default());
+    let traj = run.join("trajectories/step-000000.jsonl.zst");
+    let report = dir.path().join("report.jsonl.zst");
+    let gates = root.join("examples/gates.toml");
+    let (r, t, rep, g) = (
+        run.to_str().unwrap(),
+        traj.to_str().unwrap(),
+        report.to_str().unwrap(),
+        gates.to_str().unwrap(),
+    );
+    let records = |flag: &str| format!("{flag}: `validate FILE...` checks records only");
+    let eval_gates = |flag: &str| format!("{flag}: --eval/--compare judge no gates");
+    let validate: Vec<(Vec<&str>, String)> = vec![
+        (vec![t, "--all-steps"], records("--all-steps")),
+        (vec![t, "--gates", g], records("--gates")),
+        (vec![t, "--gate", "logprob_pearson=0.5"], records("--gate")),
+        (vec![t, "--report-out", rep], records("--report-out")),
+        (vec![t, "--no-report"], records("--no-report")),
+        (
+            vec!["--health", "--eval", t],
+            "--health: needs the record files".into(),
+        ),
+        (
+            vec![r, "--health"],
+            "--health: a run directory is judged as a run already".into(),
+        ),
+        (
+            vec![t, "--eval", t],
+            format!("{t}: files beside --eval/--compare are judged as a run only with --health"),
+        ),
+        (
+            vec!["--eval", t, "--gate", "logprob_pearson=0.5"],
+            eval_gates("--gate"),
+        ),
+        (vec!["--eval", t, "--gates", g], eval_gates("--gates")),
+        (vec!["--compare", t, t, "--all-steps"], eval_gates("--all-steps")),
+        (
+            vec!["--eval", t, "--no-report"],
+            "--no-report: --eval/--compare without a run append no report".into(),
+        ),
+    ];
+    let validation = run.join("validation.jsonl.zst");
+    for (args, msg) in validate {
+        let o = lego().arg("validate").args(&args).output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(&msg), "{args:?}: expected `{msg}` in: {e}");
+        assert!(
+            o.stdout.is_empty() && !validation.exists() && !report.exists(),
+            "{args:?}: work started before the check: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    // The combinations that work stay working: run health with eval, and eval with --report-out.
+    let o = lego()
+        .args(["validate", "--no-report", r, "--eval", t, "--compare", t, t])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let o = lego()
+        .args(["validate", "--eval", t, "--report-out", rep])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(report.exists(), "--eval alone appends its report to --report-out");
+
+    let pool = root.join("testdata/tasks/tasks.jsonl");
+    let ids = root.join("testdata/swebench/swebench_verified_ids.txt");
+    let (out, decisions, funnel) = (
+        dir.path().join("kept.jsonl"),
+        dir.path().join("decisions.jsonl"),
+        dir.path().join("funnel.csv"),
+    );
+    let (ids, tr) = (ids.to_str().unwrap(), traj.to_str().unwrap());
+    let filter: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--stages", "rules", "--validity-runs", "3"],
+            "--validity-runs: a flag of stage validity, which does not run (--stages rules)",
+        ),
+        (
+            vec!["--stages", "rules", "--images", "images.jsonl.zst"],
+            "--images: a flag of stage validity",
+        ),
+        (
+            vec!["-j", "4"],
+            "-j/--jobs: a flag of stage validity, which does not run (validity runs with --images FILE)",
+        ),
+        (
+            vec!["--stages", "validity", "--images", "images.jsonl.zst", "-j", "0"],
+            "--jobs 0: need at least 1",
+        ),
+        (
+            vec!["--min-solved", "2"],
+            "--min-solved: a flag of stage difficulty, which does not run (difficulty runs with --trials FILE)",
+        ),
+        (vec!["--max-solved", "2"], "--max-solved: a flag of stage difficulty"),
+        (vec!["--trials-per-task", "8"], "--trials-per-task: a flag of stage difficulty"),
+        (
+            vec!["--incomplete-trials", "keep"],
+            "--incomplete-trials: a flag of stage difficulty",
+        ),
+        (
+            vec!["--stages", "rules", "--trials", tr],
+            "--trials: a flag of stage difficulty, which does not run (--stages rules)",
+        ),
+        (
+            vec!["--saturation-groups", "3"],
+            "--saturation-groups: a flag of stage saturation, which does not run (saturation runs with --drop-saturated FILE)",
+        ),
+        (
+            vec!["--stages", "rules", "--drop-saturated", tr],
+            "--drop-saturated: a flag of stage saturation",
+        ),
+        (
+            vec!["--solved-threshold", "0.5"],
+            "--solved-threshold: a flag of stage difficulty or saturation",
+        ),
+        (
+            vec!["--no-rules", "--no-test-file-check"],
+            "--no-test-file-check: a flag of stage rules, which does not run (--no-rules)",
+        ),
+        (
+            vec!["--no-rules", "--languages", "python"],
+            "--languages: a flag of stage rules, which does not run (--no-rules)",
+        ),
+        (
+            vec!["--stages", "decontamination", "--exclude-instances", ids, "--max-patch-lines", "9"],
+            "--max-patch-lines: a flag of stage rules, which does not run (--stages decontamination)",
+        ),
+        (
+            vec!["--stages", "rules", "--exclude-instances", ids],
+            "--exclude-instances: a flag of stage decontamination",
+        ),
+    ];
+    for (args, msg) in filter {
+        let o = lego()
+            .current_dir(dir.path())
+            .arg("filter-tasks")
+            .arg("-i")
+            .arg(&pool)
+            .arg("-o")
+            .arg(&out)
+            .arg("--decisions")
+            .arg(&decisions)
+            .arg("--funnel")
+            .arg(&funnel)
+            .args(&args)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(msg), "{args:?}: expected `{msg}` in: {e}");
+        assert!(
+            o.stdout.is_empty() && !out.exists() && !decisions.exists() && !funnel.exists(),
+            "{args:?}: work started before the check: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
