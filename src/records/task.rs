@@ -115,13 +115,14 @@ impl TryFrom<PassRateFields> for PassRate {
     fn try_from(f: PassRateFields) -> Result<Self, String> {
         let p = PassRate::new(f.solved, f.trials);
         match f.rate {
-            // `!(d <= tol)`, not `d > tol`: a NaN rate is an error too.
-            Some(r) if !((r - p.rate).abs() <= Self::TOLERANCE) => Err(format!(
+            // The derived rate, exact, even where the written one was rounded. (`<=` is false
+            // for a NaN rate, which is an error too.)
+            None => Ok(p),
+            Some(r) if (r - p.rate).abs() <= Self::TOLERANCE => Ok(p),
+            Some(r) => Err(format!(
                 "rate {r} disagrees with solved / trials = {} / {} = {}",
                 f.solved, f.trials, p.rate
             )),
-            // The derived rate, exact, even where the written one was rounded.
-            _ => Ok(p),
         }
     }
 }
