@@ -28,7 +28,11 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// SVG plots; no network) — and OUT/steps.csv, staleness.csv, tasks.csv, harnesses.csv,
 /// terminations.csv, harness_steps.csv (per step and harness: reward, infra failures, mixed
 /// groups, align's dropped turns and tokens, train-step's log-prob Pearson on that batch,
-/// terminations, audit kinds; a run that mixes harnesses also gets them drawn on the page).
+/// terminations, audit kinds; a run that mixes harnesses also gets them drawn on the page),
+/// pool_steps.csv (per batch of a loop run with `--refilter`, from RUN/pool/: the task pool's
+/// size, the tasks the re-filter dropped as all solved or all failed, and its tasks by recent
+/// pass rate: never solved, hard (under 0.25), middle (0.25 to 0.75), easy, always solved, not
+/// rated yet; the page draws the bands as stacked bars; empty without pool files).
 /// The page embeds summaries of every step and the full detail (messages, tool calls and
 /// outputs, grader, stages, per-token log-prob differences) of at most `--max-trajectories`
 /// trajectories, spread over the trajectory files. Open one with `index.html#traj=<id>`.

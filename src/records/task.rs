@@ -90,8 +90,10 @@ impl Default for Timeouts {
 }
 
 /// Solved trials over counted (graded, non-infra) trials of a task, in the window filter-tasks
-/// judged it on (`Task::pass_rate`).
+/// judged it on (`Task::pass_rate`). On read, `rate` may be left out (it is derived from
+/// `solved / trials`); a `rate` given must agree with them to within [`PassRate::TOLERANCE`].
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+#[serde(try_from = "PassRateFields")]
 pub struct PassRate {
     /// `solved / trials` (0 when `trials` is 0), for readers that want the number.
     pub rate: f64,
@@ -99,7 +101,37 @@ pub struct PassRate {
     pub trials: u32,
 }
 
+/// A `pass_rate` as written, before [`PassRate`] derives or checks its `rate`.
+#[derive(Deserialize)]
+struct PassRateFields {
+    #[serde(default)]
+    rate: Option<f64>,
+    solved: u32,
+    trials: u32,
+}
+
+impl TryFrom<PassRateFields> for PassRate {
+    type Error = String;
+    fn try_from(f: PassRateFields) -> Result<Self, String> {
+        let p = PassRate::new(f.solved, f.trials);
+        match f.rate {
+            // The derived rate, exact, even where the written one was rounded. (`<=` is false
+            // for a NaN rate, which is an error too.)
+            None => Ok(p),
+            Some(r) if (r - p.rate).abs() <= Self::TOLERANCE => Ok(p),
+            Some(r) => Err(format!(
+                "rate {r} disagrees with solved / trials = {} / {} = {}",
+                f.solved, f.trials, p.rate
+            )),
+        }
+    }
+}
+
 impl PassRate {
+    /// How far a written `rate` may be from `solved / trials`: a rate rounded to 3 decimals
+    /// (1/3 as 0.333) is read, a rate of another task or window is not.
+    pub const TOLERANCE: f64 = 5e-4;
+
     /// The rate of `solved` of `trials`.
     pub fn new(solved: u32, trials: u32) -> Self {
         PassRate {
@@ -227,4 +259,43 @@ pub struct TaskDecision {
     /// Stage-specific evidence (e.g. pass counts, the failing rule's value and bound).
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub evidence: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_rate_derives_its_rate_on_read_and_rejects_one_that_disagrees() {
+        let read = |j: &str| serde_json::from_str::<PassRate>(j);
+        // Left out: derived from solved / trials (0 without trials).
+        assert_eq!(read(r#"{"solved":1,"trials":4}"#).unwrap(), PassRate::new(1, 4));
+        assert_eq!(read(r#"{"solved":1,"trials":4}"#).unwrap().rate, 0.25);
+        assert_eq!(read(r#"{"solved":0,"trials":0}"#).unwrap().rate, 0.0);
+        // Given and consistent (rounded to 3 decimals too): read, as the exact rate.
+        assert_eq!(read(r#"{"rate":0.25,"solved":1,"trials":4}"#).unwrap().rate, 0.25);
+        assert_eq!(
+            read(r#"{"rate":0.333,"solved":1,"trials":3}"#).unwrap().rate,
+            1.0 / 3.0
+        );
+        // Given and inconsistent: an error naming both.
+        let e = read(r#"{"rate":0.75,"solved":1,"trials":4}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rate 0.75 disagrees with solved / trials = 1 / 4 = 0.25"),
+            "{e}"
+        );
+        // What is written always carries the rate, and reads back equal.
+        let p = PassRate::new(2, 3);
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(text.contains("\"rate\":0.6666"), "{text}");
+        assert_eq!(read(&text).unwrap(), p);
+        // In a task record: a pool file written by hand without rates reads.
+        let t: Task = serde_json::from_str(
+            r#"{"schema":"lego-rl/task/v1","id":"a","instruction":"x","pass_rate":{"solved":3,"trials":4}}"#,
+        )
+        .unwrap();
+        assert_eq!(t.pass_rate.map(|p| p.rate), Some(0.75));
+    }
 }

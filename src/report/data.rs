@@ -9,9 +9,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::behaviour::{behaviour, threads, Behaviour, Thread};
-use crate::io::{open_records, read_all, ReadOptions};
+use crate::io::{open_records, ReadOptions};
 use crate::records::{
-    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, TaskDecision, Trajectory, ValidationReport,
+    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, Trajectory, ValidationReport,
 };
 use crate::validate::run::{for_each_trajectory, read_plain, RunError, RunFiles};
 
@@ -125,6 +125,9 @@ pub struct ReportData {
     pub harnesses: Vec<GroupRow>,
     /// Per step and harness (`harness_steps.csv`; the page's per-harness view of a mixed run).
     pub harness_steps: Vec<crate::validate::by_harness::HarnessRow>,
+    /// Per step of a run whose loop re-filters its task pool (`pool_steps.csv`; the page's task
+    /// pool view): pool size, re-filter drops, pass-rate bands. Empty without `pool/` files.
+    pub pool_steps: Vec<super::pool::PoolStep>,
     pub terminations: Vec<GroupRow>,
     pub tool_names: BTreeMap<String, u64>,
     pub validation: Vec<ValidationReport>,
@@ -375,19 +378,10 @@ pub fn build_embedding(
             row.task_pool = Some(d.pool);
         }
     }
-    for (step, path) in &files.pool_decisions {
-        let Some(step) = step else { continue };
-        let dropped = step_entry(&mut steps, *step)
-            .1
-            .pool_dropped
-            .get_or_insert_with(BTreeMap::new);
-        for d in read_all::<TaskDecision>(path, opts)?
-            .into_iter()
-            .filter(|d| !d.kept)
-        {
-            *dropped
-                .entry(d.reason.unwrap_or_else(|| d.stage.clone()))
-                .or_default() += 1;
+    data.pool_steps = super::pool::pool_steps(files, opts)?;
+    for p in &data.pool_steps {
+        if let Some(dropped) = &p.dropped {
+            step_entry(&mut steps, p.step).1.pool_dropped = Some(dropped.clone());
         }
     }
     let metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;

@@ -8,6 +8,7 @@ pub mod behaviour;
 pub mod data;
 pub mod harness;
 pub mod html;
+pub mod pool;
 pub mod serve;
 pub mod tables;
 

@@ -60,6 +60,8 @@ fn signature(files: &RunFiles) -> Signature {
         .chain(&files.samples)
         .chain(&files.align_stats)
         .chain(&files.eval)
+        .chain(&files.pool)
+        .chain(&files.pool_decisions)
         .map(|(_, p)| p)
         .chain(&files.metrics)
         .chain(&files.validation);

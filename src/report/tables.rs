@@ -1,5 +1,6 @@
 //! CSV tables of a report for notebooks: per step (trajectory aggregates, behaviour, StepMetrics
-//! fields, validation), per task, per harness and per termination reason.
+//! fields, validation), per task, per harness and per termination reason, per step and harness
+//! ([`super::harness`]) and the task pool per step ([`super::pool`]).
 
 use super::data::{metric_columns, metric_map, GroupRow, ReportData};
 use super::ReportError;
@@ -187,5 +188,6 @@ pub fn all(d: &ReportData) -> Result<Vec<(&'static str, Vec<u8>)>, ReportError> 
             group_csv("terminations.csv", "termination", &d.terminations)?,
         ),
         ("harness_steps.csv", super::harness::harness_steps_csv(d)?),
+        ("pool_steps.csv", super::pool::pool_steps_csv(d)?),
     ])
 }

@@ -61,6 +61,8 @@ impl HarnessRow {
             "reward_mean": self.reward_mean(),
             "infra_rate": self.infra_rate(),
             "align_drop_rate": self.align_drop_rate(),
+            "dropped_turns": self.dropped_turns,
+            "policy_tokens": self.policy_tokens,
             "dropped_tokens": self.dropped_tokens,
             "logprob_pearson": self.train.as_ref().and_then(|m| m.logprob_pearson),
             "mixed_groups": self.mixed_groups,
@@ -164,15 +166,21 @@ impl ByHarness {
 /// (health's list, passed in so that this module does not import health, which imports it), and
 /// train-step's `logprob_pearson` (`_without_replay`) and `logprob_kl` (keyed by the step-metrics
 /// record's step, as the overall gate; `replay_of(step)` is that record's `routing_replay`).
-/// Other gates: empty.
+/// Other gates: empty. On the rate gates ([`is_rate_gate`]) a harness is left out of the steps
+/// where it has fewer than `min_trajectories` trajectories ([`too_few`] lists them).
 pub fn gate_values(
     name: &str,
     rows: &[HarnessRow],
     audit_kinds: &[&str],
+    min_trajectories: u64,
     replay_of: impl Fn(u64) -> Option<bool>,
 ) -> BTreeMap<String, BTreeMap<u64, f64>> {
     let mut out: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+    let rate = is_rate_gate(name, audit_kinds);
     for r in rows {
+        if rate && r.trajectories < min_trajectories {
+            continue;
+        }
         let train = r.train.as_ref();
         let metric_step = r.step + 1;
         let v = match name {
@@ -201,6 +209,34 @@ pub fn gate_values(
         }
     }
     out
+}
+
+/// Whether gate `name` is a share of a step's trajectories (or of align's turns of them):
+/// `infra_failure_rate`, `align_drop_rate`, `<kind>_rate` for each of `audit_kinds`. One event
+/// moves such a rate by 1/n, so a harness is judged on it alone only from a minimum sample.
+pub fn is_rate_gate(name: &str, audit_kinds: &[&str]) -> bool {
+    name == "infra_failure_rate"
+        || name == "align_drop_rate"
+        || name
+            .strip_suffix("_rate")
+            .is_some_and(|k| audit_kinds.contains(&k))
+}
+
+/// The (harness, step, trajectories) that [`gate_values`] leaves out of rate gate `name` for
+/// having fewer than `min_trajectories` trajectories (but at least one) in the step.
+pub fn too_few(
+    name: &str,
+    rows: &[HarnessRow],
+    audit_kinds: &[&str],
+    min_trajectories: u64,
+) -> Vec<(String, u64, u64)> {
+    if !is_rate_gate(name, audit_kinds) {
+        return Vec::new();
+    }
+    rows.iter()
+        .filter(|r| r.trajectories > 0 && r.trajectories < min_trajectories)
+        .map(|r| (r.harness.clone(), r.step, r.trajectories))
+        .collect()
 }
 
 /// Each harness's graded rewards per step (the per-harness `train_reward_drop`).

@@ -284,23 +284,36 @@ pub struct GateConfig {
     pub thresholds: BTreeMap<String, f64>,
     /// Judge every step, not only the latest.
     pub all_steps: bool,
+    /// In a mixed run, a harness with fewer trajectories than this in a step is not judged on
+    /// its own on that step's rate gates (see [`MIN_HARNESS_TRAJECTORIES`]).
+    pub min_harness_trajectories: u64,
 }
+
+/// The default of [`GateConfig::min_harness_trajectories`]: one group at the paper's group size.
+/// Below it one event decides a harness's rate (1 infra failure of 3 trajectories is 0.33 against
+/// a 0.1 gate), so a harness that ran a few trajectories would fail the run on noise; its
+/// trajectories still count in the run-wide rate, which is judged as always.
+pub const MIN_HARNESS_TRAJECTORIES: u64 = 8;
 
 impl Default for GateConfig {
     fn default() -> Self {
         GateConfig {
             thresholds: GATES.iter().map(|g| (g.0.to_string(), g.2)).collect(),
             all_steps: false,
+            min_harness_trajectories: MIN_HARNESS_TRAJECTORIES,
         }
     }
 }
 
-/// The TOML gate file: `all_steps`, `[thresholds]` (name = number), `disable` (names).
+/// The TOML gate file: `all_steps`, `min_harness_trajectories`, `[thresholds]` (name = number),
+/// `disable` (names).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GateFile {
     #[serde(default)]
     all_steps: Option<bool>,
+    #[serde(default)]
+    min_harness_trajectories: Option<u64>,
     #[serde(default)]
     thresholds: BTreeMap<String, f64>,
     #[serde(default)]
@@ -350,6 +363,9 @@ impl GateConfig {
         }
         if let Some(a) = file.all_steps {
             self.all_steps = a;
+        }
+        if let Some(n) = file.min_harness_trajectories {
+            self.min_harness_trajectories = n;
         }
         Ok(())
     }
@@ -409,8 +425,12 @@ fn from_step(name: &str, s: &StepHealth) -> Option<f64> {
 /// step has both. A gate with nothing to measure passes with detail `not measured`. In a run that
 /// mixes harnesses, the gates that make sense per harness (see [`by_harness::gate_values`], and
 /// `train_reward_drop`) are judged for each harness too: the gate fails when the run or any
-/// harness does, its value stays the run's, and the detail names the harness of each failing
-/// scope (`failing harness openhands step 2: 0.2500`).
+/// harness does. A failing gate's value is the worst failing one, so that value and verdict
+/// agree, and the detail names the scope of each failing value (`failing harness openhands step
+/// 2: 0.2500`, the worst marked when several fail, then the run's own value when it passed); a
+/// passing gate's value is the run's. On the rate gates a harness with fewer than
+/// `min_harness_trajectories` trajectories in a judged step is not judged alone, and the detail
+/// says so.
 pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
     let mut out = Vec::new();
     let mixed = by_harness::is_mixed(&h.harnesses);
@@ -467,6 +487,7 @@ pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
             );
         }
         let mut scopes = vec![(String::new(), cands)];
+        let mut few: Vec<(u64, String)> = Vec::new();
         if mixed {
             let replay_of = |step: u64| {
                 h.metrics
@@ -474,109 +495,28 @@ pub fn judge(h: &Health, cfg: &GateConfig) -> Vec<GateResult> {
                     .find(|m| m.step == step)
                     .and_then(|m| m.routing_replay)
             };
-            for (harness, c) in by_harness::gate_values(name, &h.harnesses, AUDIT_KINDS, replay_of) {
+            let min = cfg.min_harness_trajectories;
+            for (harness, c) in by_harness::gate_values(name, &h.harnesses, AUDIT_KINDS, min, replay_of) {
                 scopes.push((format!("harness {harness} "), c));
             }
+            few = by_harness::too_few(name, &h.harnesses, AUDIT_KINDS, min)
+                .into_iter()
+                .map(|(harness, step, n)| (step, format!("harness {harness} step {step} ({n})")))
+                .collect();
         }
-        out.push(judge_steps(name, op, threshold, scopes, cfg.all_steps));
+        let run_latest = scopes[0].1.keys().next_back().copied();
+        let mut g = judge_steps(name, op, threshold, scopes, cfg.all_steps);
+        note_too_few(&mut g, few, cfg, run_latest);
+        out.push(g);
     }
     out
 }
 
-/// A run-level gate over its scopes (the run's, with an empty name, then each harness's), each
-/// measured or not: the value (the run's, else the worst harness's), whether every measured scope
-/// passed, and the detail (the run's own, then the failing harnesses by name).
-fn judge_run_level(
-    op: Op,
-    threshold: f64,
-    scopes: Vec<(String, Option<(f64, String)>)>,
-) -> (Option<f64>, bool, String) {
-    let measured: Vec<(String, f64, String)> = scopes
-        .into_iter()
-        .filter_map(|(scope, m)| m.map(|(v, d)| (scope, v, d)))
-        .collect();
-    // The run's own value when measured (as for the per-step gates), else the worst harness's.
-    let run_wide = measured.iter().any(|m| m.0.is_empty());
-    let worst = measured
-        .iter()
-        .filter(|m| m.0.is_empty() || !run_wide)
-        .map(|m| m.1)
-        .reduce(|a, b| if op.worse(b, a) { b } else { a });
-    let passed = measured.iter().all(|m| op.ok(m.1, threshold));
-    let overall = measured.iter().find(|m| m.0.is_empty()).map(|m| m.2.clone());
-    let harnesses: Vec<String> = measured
-        .iter()
-        .filter(|m| !m.0.is_empty() && !op.ok(m.1, threshold))
-        .map(|(scope, v, d)| format!("{scope}: {v:.4} ({d})"))
-        .collect();
-    let detail = match (overall, harnesses.is_empty()) {
-        (Some(d), true) => d,
-        (None, true) if measured.is_empty() => "not measured".to_string(),
-        (None, true) => "every harness within".to_string(),
-        (o, false) => format!(
-            "{}failing {}",
-            o.map(|d| d + "; ").unwrap_or_default(),
-            harnesses.join(", ")
-        ),
-    };
-    (worst, passed, detail)
-}
-
-/// One per-step gate over its scopes (the run, then each harness: a prefix for the detail and the
-/// values by step), judged on the latest step or on all with `all_steps`.
-fn judge_steps(
-    name: &str,
-    op: Op,
-    threshold: f64,
-    scopes: Vec<(String, BTreeMap<u64, f64>)>,
-    all_steps: bool,
-) -> GateResult {
-    let mut judged: Vec<(&str, u64, f64)> = Vec::new();
-    // Without `all_steps`, the run's latest step is judged in every scope (a harness that did not
-    // run in it is not judged on an older one); without a run-wide value, each scope's latest.
-    let latest = scopes.first().and_then(|s| s.1.keys().next_back().copied());
-    for (scope, cands) in &scopes {
-        let steps: Vec<(u64, f64)> = if all_steps {
-            cands.iter().map(|(k, v)| (*k, *v)).collect()
-        } else if let Some(step) = latest {
-            cands.get(&step).map(|v| (step, *v)).into_iter().collect()
-        } else {
-            cands
-                .iter()
-                .next_back()
-                .map(|(k, v)| (*k, *v))
-                .into_iter()
-                .collect()
-        };
-        judged.extend(steps.into_iter().map(|(k, v)| (scope.as_str(), k, v)));
-    }
-    // The value is the run's own (its worst judged step), so it means what it always meant; a
-    // harness's failure shows in `passed` and the detail. Only without a run-wide value is it the
-    // worst harness's.
-    let run_wide = judged.iter().any(|j| j.0.is_empty());
-    let worst = judged
-        .iter()
-        .copied()
-        .filter(|j| j.0.is_empty() || !run_wide)
-        .reduce(|a, b| if op.worse(b.2, a.2) { b } else { a });
-    let failing: Vec<String> = judged
-        .iter()
-        .filter(|(_, _, v)| !op.ok(*v, threshold))
-        .map(|(scope, s, v)| format!("{scope}step {s}: {v:.4}"))
-        .collect();
-    GateResult {
-        name: name.into(),
-        value: worst.map(|w| w.2),
-        op: op.symbol().into(),
-        threshold,
-        passed: failing.is_empty(),
-        detail: Some(match worst {
-            None => "not measured".into(),
-            Some(_) if !failing.is_empty() => format!("failing {}", failing.join(", ")),
-            Some((scope, step, _)) => format!("worst at {scope}step {step}"),
-        }),
-    }
-}
+// Judging one gate over its scopes (the run, each harness) is apart: the gate table and it
+// together exceed a file.
+#[path = "gates_scopes.rs"]
+mod scopes;
+use scopes::{judge_run_level, judge_steps, note_too_few};
 
 #[cfg(test)]
 #[path = "gates_tests.rs"]

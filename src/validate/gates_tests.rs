@@ -220,9 +220,16 @@ fn a_mixed_run_judges_pearson_and_reward_collapse_per_harness_naming_it() {
     let g = judge(&h, &GateConfig::default());
     let by = |n: &str| g.iter().find(|g| g.name == n).expect("gate").clone();
     let p = by("logprob_pearson");
-    assert_eq!(p.value, Some(0.995), "the run's own value");
+    assert_eq!(
+        p.value,
+        Some(0.97),
+        "the failing harness's value, not the run's 0.995"
+    );
     assert!(!p.passed);
-    assert_eq!(p.detail.as_deref(), Some("failing harness b step 4: 0.9700"));
+    assert_eq!(
+        p.detail.as_deref(),
+        Some("failing harness b step 4: 0.9700; run-wide step 4: 0.9950")
+    );
     assert_eq!(
         by("logprob_pearson_without_replay").detail.as_deref(),
         Some("not measured")
@@ -264,4 +271,83 @@ fn the_informative_fraction_is_judged_on_dynamically_sampled_steps_only() {
     );
     let f = fraction(&judge(&h, &GateConfig::default()));
     assert_eq!((f.value, f.passed), (Some(0.05), false));
+}
+
+/// A mixed run's step 2: the run-wide infra rate and one row per harness, `(name, infra, of)`.
+fn mixed_infra(run: (u64, u64), harnesses: &[(&str, u64, u64)]) -> Health {
+    let mut h = health_with(2, run.0, run.1);
+    for &(name, infra, of) in harnesses {
+        let mut r = harness_row(2, name);
+        r.trajectories = of;
+        r.infra_failures = infra;
+        h.harnesses.push(r);
+    }
+    h
+}
+
+// Regression: a gate that failed for one harness reported the run's value, under its threshold.
+#[test]
+fn a_failing_gate_reports_the_worst_failing_value_and_names_its_scope() {
+    let infra = |h: &Health, cfg: &GateConfig| gate(&judge(h, cfg), "infra_failure_rate").clone();
+    let cfg = GateConfig::default();
+    // The run passes (2 of 40), harness b fails (2 of 10): b's value, the run's in the detail.
+    let g = infra(&mixed_infra((2, 40), &[("a", 0, 30), ("b", 2, 10)]), &cfg);
+    assert_eq!((g.value, g.passed), (Some(0.2), false));
+    assert_eq!(
+        g.detail.as_deref(),
+        Some("failing harness b step 2: 0.2000; run-wide step 2: 0.0500")
+    );
+    // The run fails (6 of 40) and harness b fails worse (5 of 10): b's value, marked worst.
+    let g = infra(&mixed_infra((6, 40), &[("a", 1, 30), ("b", 5, 10)]), &cfg);
+    assert_eq!((g.value, g.passed), (Some(0.5), false));
+    assert_eq!(
+        g.detail.as_deref(),
+        Some("failing step 2: 0.1500, harness b step 2: 0.5000 (worst)")
+    );
+    // Every scope passes: the run's value, as always.
+    let g = infra(&mixed_infra((1, 40), &[("a", 0, 30), ("b", 1, 10)]), &cfg);
+    assert_eq!((g.value, g.passed), (Some(0.025), true));
+    assert_eq!(g.detail.as_deref(), Some("worst at step 2"));
+}
+
+#[test]
+fn a_harness_with_few_trajectories_is_not_judged_alone_on_rate_gates() {
+    // Harness "few" ran 3 trajectories, 1 an infra failure (0.33 against 0.1); the run's 1 of 23
+    // passes, and so does the gate, saying what it left out.
+    let h = mixed_infra((1, 23), &[("many", 0, 20), ("few", 1, 3)]);
+    let g = gate(&judge(&h, &GateConfig::default()), "infra_failure_rate").clone();
+    assert_eq!((g.value, g.passed), (Some(1.0 / 23.0), true), "{g:?}");
+    assert_eq!(
+        g.detail.as_deref(),
+        Some("worst at step 2; under 8 trajectories, not judged alone: harness few step 2 (3)")
+    );
+    // From the gate file's minimum down to 3, it is judged alone and fails the gate.
+    let mut cfg = GateConfig::default();
+    cfg.apply_toml("min_harness_trajectories = 3").unwrap();
+    let g = gate(&judge(&h, &cfg), "infra_failure_rate").clone();
+    assert_eq!((g.value, g.passed), (Some(1.0 / 3.0), false), "{g:?}");
+    assert!(
+        g.detail
+            .as_deref()
+            .unwrap()
+            .starts_with("failing harness few step 2: 0.3333"),
+        "{g:?}"
+    );
+    // The minimum is for rates of trajectories: train-step's Pearson of the same harness (over
+    // its tokens) is judged whatever its trajectory count.
+    let mut h = h;
+    h.metrics.push(StepMetrics {
+        step: 3,
+        logprob_pearson: Some(0.999),
+        routing_replay: Some(true),
+        ..Default::default()
+    });
+    for r in h.harnesses.iter_mut() {
+        r.train = Some(crate::records::HarnessStepMetrics {
+            logprob_pearson: Some(if r.harness == "few" { 0.9 } else { 0.999 }),
+            ..Default::default()
+        });
+    }
+    let p = gate(&judge(&h, &GateConfig::default()), "logprob_pearson").clone();
+    assert_eq!((p.value, p.passed), (Some(0.9), false), "{p:?}");
 }

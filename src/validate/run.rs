@@ -44,6 +44,9 @@ pub struct RunFiles {
     /// `filter-tasks` decisions of the loop's between-step re-filter (`pool/step-NNNNNN.decisions.jsonl.zst`,
     /// step = the batch whose pool it made; `scripts/loop.sh --refilter`). The report counts the drops.
     pub pool_decisions: Vec<(Option<u64>, PathBuf)>,
+    /// The task pool each re-filter made (`pool/step-NNNNNN.jsonl.zst`, task records with their
+    /// recent `pass_rate`): the report's difficulty band over steps.
+    pub pool: Vec<(Option<u64>, PathBuf)>,
 }
 
 /// `step-000012.jsonl.zst` → 12: the digits after the last `step-` (or `step_`) in the name.
@@ -91,6 +94,9 @@ impl RunFiles {
     /// Finds the files of a run directory. With `allow_empty`, a directory with none of them is
     /// an empty run (a live report started before rollout); otherwise an error.
     pub fn discover(root: &Path, allow_empty: bool) -> Result<Self, RunError> {
+        let (pool_decisions, pool) = list(&root.join("pool"))?
+            .into_iter()
+            .partition(|(_, p)| p.to_string_lossy().contains(".decisions.jsonl"));
         let files = RunFiles {
             root: Some(root.to_path_buf()),
             trajectories: list(&root.join("trajectories"))?,
@@ -99,10 +105,8 @@ impl RunFiles {
             metrics: one_of(root, "metrics"),
             validation: one_of(root, "validation"),
             eval: list(&root.join("eval"))?,
-            pool_decisions: list(&root.join("pool"))?
-                .into_iter()
-                .filter(|(_, p)| p.to_string_lossy().ends_with(".decisions.jsonl.zst"))
-                .collect(),
+            pool_decisions,
+            pool,
         };
         if !allow_empty && files.is_empty() {
             return Err(RunError::NotARun {

@@ -374,6 +374,18 @@ fn the_loop_refills_batches_and_refilters_the_pool_between_steps() {
     };
     assert_eq!(fig(&rows[0]), ["3", "1", "2", "3", ""]);
     assert_eq!(fig(&rows[1]), ["2", "1", "1", "2", "1"]);
+    // The pool's difficulty band: batch 1's pool of 2 after ALWAYS was dropped as all solved,
+    // MIXED in the middle band (1 of its last group's 2 solved), NEVER not rated yet.
+    let pool = std::fs::read_to_string(run.join("report/pool_steps.csv")).unwrap();
+    assert_eq!(
+        pool.lines().collect::<Vec<_>>(),
+        [
+            "step,pool_tasks,dropped_saturated_solved,dropped_saturated_failed,dropped_other,\
+             unrated,never_solved,hard,middle,easy,always_solved,pass_rate_mean",
+            "1,2,1,0,0,1,0,0,1,0,0,0.5",
+        ],
+        "{pool}"
+    );
 }
 
 /// `--pool-order curriculum`: filter-tasks writes each kept task's recent pass rate from training

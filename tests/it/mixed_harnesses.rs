@@ -213,6 +213,24 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
     assert_eq!(by[OPENHANDS]["reward_mean"], 1.0, "{by}");
     assert_eq!(by[OPENHANDS]["terminations"]["finished"], 1, "{by}");
     assert_eq!(by[MINI]["align_drop_rate"], 0.0, "{by}");
+    // validate's per-harness figures of the batch are train-step's for the step that trained it
+    // (and align's), the same numbers: what both show agrees, so neither view can drift.
+    for (h, x) in &m.by_harness {
+        let b = &by[h.as_str()];
+        let num = |k: &str| b[k].as_f64().unwrap_or_else(|| panic!("{h} {k}: {b}"));
+        assert_eq!(num("logprob_pearson"), x.logprob_pearson.unwrap(), "{h}: {b}");
+        assert_eq!(num("reward_mean"), x.reward_mean.unwrap(), "{h}: {b}");
+        assert_eq!(b["trajectories"], x.trajectories, "{h}: {b}");
+        assert_eq!(b["mixed_groups"], x.mixed_groups, "{h}: {b}");
+        assert_eq!(b["policy_tokens"], x.policy_tokens, "{h}: {b}");
+        assert_eq!(
+            num("infra_rate"),
+            x.infra_failed_trajectories as f64 / x.trajectories as f64,
+            "{h}: {b}"
+        );
+        let own = &total.by_harness[h];
+        assert_eq!(b["dropped_turns"], own.dropped_turns, "{h}: {b}");
+    }
     let o = lego()
         .arg("validate")
         .arg(&run)
@@ -246,6 +264,47 @@ fn a_group_split_across_mini_swe_agent_and_openhands_trains_in_one_step_with_fig
     assert_eq!(row(OPENHANDS)[col("reward_mean")], "1", "{csv}");
     assert_eq!(row(MINI)[col("mixed_groups")], "1", "{csv}");
     assert_eq!(row(OPENHANDS)[col("dropped_turns")], "0", "{csv}");
+    // The same figures as train-step's metrics by harness and validate's checks.by_harness,
+    // number for number (formatting aside).
+    for (h, x) in &m.by_harness {
+        let r = row(h);
+        let cell = |c: &str| r[col(c)].to_string();
+        let num = |c: &str| {
+            cell(c)
+                .parse::<f64>()
+                .unwrap_or_else(|e| panic!("{h} {c}: {e}: {csv}"))
+        };
+        let b = &by[h.as_str()];
+        assert_eq!(num("logprob_pearson"), x.logprob_pearson.unwrap(), "{h}: {csv}");
+        assert_eq!(
+            num("logprob_pearson"),
+            b["logprob_pearson"].as_f64().unwrap(),
+            "{h}"
+        );
+        assert_eq!(
+            num("logprob_max_abs_diff"),
+            x.logprob_max_abs_diff.unwrap(),
+            "{h}"
+        );
+        assert_eq!(num("trained_reward_mean"), x.reward_mean.unwrap(), "{h}");
+        assert_eq!(num("reward_mean"), b["reward_mean"].as_f64().unwrap(), "{h}");
+        assert_eq!(cell("trained_samples"), x.samples.to_string(), "{h}");
+        assert_eq!(cell("trajectories"), x.trajectories.to_string(), "{h}");
+        assert_eq!(cell("groups"), x.groups.to_string(), "{h}");
+        assert_eq!(cell("mixed_groups"), x.mixed_groups.to_string(), "{h}");
+        assert_eq!(cell("policy_tokens"), x.policy_tokens.to_string(), "{h}");
+        assert_eq!(
+            cell("infra_failures"),
+            x.infra_failed_trajectories.to_string(),
+            "{h}"
+        );
+        assert_eq!(cell("dropped_turns"), b["dropped_turns"].to_string(), "{h}");
+        assert_eq!(
+            num("align_drop_rate"),
+            b["align_drop_rate"].as_f64().unwrap(),
+            "{h}"
+        );
+    }
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
     assert!(
         html.contains("\"harness_steps\"") && html.contains(OPENHANDS),

@@ -335,6 +335,124 @@ fn static_report_writes_csv_and_a_page_that_renders() {
     }
 }
 
+/// The report data a static page embeds (`const EMBEDDED = {...};`, one line).
+fn page_data(html: &str) -> serde_json::Value {
+    let start = html.find("const EMBEDDED = ").expect("data slot") + "const EMBEDDED = ".len();
+    let line = &html[start..start + html[start..].find('\n').unwrap()];
+    serde_json::from_str(line.trim_end_matches(';')).expect("embedded JSON")
+}
+
+/// `loop.sh --refilter`'s pool files: per batch, the pool's size, what the re-filter dropped and
+/// why, and its tasks' recent pass rates by band, in pool_steps.csv and the page's data; a run
+/// without them has a header-only table and no rows on the page.
+#[test]
+fn the_task_pools_difficulty_band_is_reported_per_step() {
+    use lego_rl::records::{PassRate, Record, Task, TaskDecision};
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    write_run(&run, &Synth::default());
+    let report = |out: &Path| {
+        lego()
+            .arg("report")
+            .arg(&run)
+            .arg("-o")
+            .arg(out)
+            .assert()
+            .success();
+        let csv = std::fs::read_to_string(out.join("pool_steps.csv")).unwrap();
+        let data = page_data(&std::fs::read_to_string(out.join("index.html")).unwrap());
+        (csv, data)
+    };
+    let (csv, data) = report(&dir.path().join("plain"));
+    assert_eq!(csv.lines().count(), 1, "header only: {csv}");
+    assert_eq!(data["pool_steps"], serde_json::json!([]));
+
+    let task = |id: &str, rate: Option<(u32, u32)>| {
+        let mut t = Task::new(id, "fix it");
+        t.pass_rate = rate.map(|(s, n)| PassRate::new(s, n));
+        t
+    };
+    let drop = |id: &str, reason: Option<&str>| TaskDecision {
+        schema: TaskDecision::SCHEMA.into(),
+        task_id: id.into(),
+        kept: reason.is_none(),
+        stage: "saturation".into(),
+        reason: reason.map(str::to_string),
+        evidence: serde_json::Value::Null,
+    };
+    fn write<R: Record + Sync>(p: &Path, records: &[R]) {
+        let mut w = lego_rl::io::AtomicWriter::create(p).unwrap();
+        w.write_all(records).unwrap();
+        w.finish().unwrap();
+    }
+    let pool = run.join("pool");
+    std::fs::create_dir_all(&pool).unwrap();
+    // Batch 1: a solved-out and a failed-out task dropped, 4 left (one without a rate yet);
+    // batch 2: one more solved-out task dropped, 3 left in the middle band.
+    write(
+        &pool.join("step-000001.jsonl.zst"),
+        &[
+            task("t-never", Some((0, 4))),
+            task("t-middle", Some((2, 4))),
+            task("t-easy", Some((7, 8))),
+            task("t-new", None),
+        ],
+    );
+    write(
+        &pool.join("step-000001.decisions.jsonl.zst"),
+        &[
+            drop("t-solved", Some("saturated_solved")),
+            drop("t-failed", Some("saturated_failed")),
+            drop("t-middle", None),
+        ],
+    );
+    write(
+        &pool.join("step-000002.jsonl.zst"),
+        &[
+            task("t-never", Some((1, 4))),
+            task("t-middle", Some((2, 4))),
+            task("t-new", Some((3, 4))),
+        ],
+    );
+    write(
+        &pool.join("step-000002.decisions.jsonl.zst"),
+        &[drop("t-easy", Some("saturated_solved"))],
+    );
+    let (csv, data) = report(&dir.path().join("pool-report"));
+    assert_eq!(
+        csv,
+        "step,pool_tasks,dropped_saturated_solved,dropped_saturated_failed,dropped_other,\
+         unrated,never_solved,hard,middle,easy,always_solved,pass_rate_mean\n\
+         1,4,1,1,0,1,1,0,1,1,0,0.4583333333333333\n\
+         2,3,1,0,0,0,0,0,3,0,0,0.5\n"
+    );
+    let rows = data["pool_steps"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{data}");
+    assert_eq!(rows[0]["step"], 1);
+    assert_eq!(rows[0]["tasks"], 4);
+    assert_eq!(
+        rows[0]["dropped"],
+        serde_json::json!({"saturated_failed": 1, "saturated_solved": 1})
+    );
+    assert_eq!(
+        rows[0]["bands"],
+        serde_json::json!({"unrated": 1, "never_solved": 1, "hard": 0, "middle": 1, "easy": 1, "always_solved": 0})
+    );
+    assert_eq!(rows[1]["bands"]["middle"], 3);
+    assert_eq!(rows[1]["pass_rate_mean"], 0.5);
+    // steps.csv's pool_dropped column agrees (step 0 had no re-filter).
+    let steps = std::fs::read_to_string(dir.path().join("pool-report/steps.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(steps.as_bytes());
+    let col = rdr
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == "pool_dropped")
+        .unwrap();
+    let dropped: Vec<String> = rdr.records().map(|r| r.unwrap()[col].to_string()).collect();
+    assert_eq!(dropped, ["", "2", "1"]);
+}
+
 pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
     http(addr, "GET", path, None)
 }

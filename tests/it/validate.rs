@@ -83,7 +83,12 @@ fn any_grader_tampering_fails_its_gate() {
     let (code, v) = validate_json(dir.path(), &[]);
     assert_eq!(code, Some(1), "{v}");
     let g = gate(&v, "grader_tampering_rate");
-    assert_eq!(g["value"], 1.0 / 16.0, "{g}");
+    // One of the run's 16 (step 2), one of openhands' 8: the value is the worst failing scope's.
+    assert_eq!(g["value"], 1.0 / 8.0, "{g}");
+    assert_eq!(
+        g["detail"],
+        "failing step 2: 0.0625, harness openhands step 2: 0.1250 (worst)"
+    );
     assert_eq!(g["passed"], false);
     assert_eq!(v["health"]["steps"]["2"]["audit"]["grader_tampering"], 1);
     assert_eq!(v["health"]["steps"]["2"]["audit"]["shadowing"], 1);
@@ -119,12 +124,13 @@ fn failing_gates_exit_1_and_can_be_configured() {
     assert_eq!(p["value"], 0.95);
     assert_eq!(p["passed"], false);
     assert_eq!(p["detail"], "failing step 2: 0.9500");
-    assert_eq!(gate(&v, "git_history_rate")["value"], 0.5);
+    // Every even trajectory is openhands' (synth's mixed run): all of them read git history, so
+    // the gate's value is openhands' (the worst failing scope), named in the detail.
+    assert_eq!(gate(&v, "git_history_rate")["value"], 1.0);
     assert_eq!(gate(&v, "git_history_rate")["passed"], false);
-    // Every even trajectory is openhands' (synth's mixed run): all of them read git history.
     assert_eq!(
         gate(&v, "git_history_rate")["detail"],
-        "failing step 2: 0.5000, harness openhands step 2: 1.0000"
+        "failing step 2: 0.5000, harness openhands step 2: 1.0000 (worst)"
     );
     assert_eq!(v["health"]["steps"]["2"]["audit"]["git_history"], 8);
     assert!(
@@ -436,7 +442,7 @@ fn dynamic_sampling_figures_gate_and_budget_warning() {
 
 /// Per-harness gates on a mixed run (synth: even samples on openhands, odd on claude-code): two
 /// openhands infra failures make 2 of 16 trajectories (0.125, within 0.15) but 2 of openhands' 8
-/// (0.25): the gate fails and names the harness.
+/// (0.25): the gate fails with openhands' value and names the harness.
 #[test]
 fn a_gate_fails_for_one_harness_of_a_mixed_run_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -450,9 +456,15 @@ fn a_gate_fails_for_one_harness_of_a_mixed_run_and_names_it() {
     let (code, v) = validate_json(dir.path(), &["--gate", "infra_failure_rate=0.15"]);
     assert_eq!(code, Some(1), "{v}");
     let g = gate(&v, "infra_failure_rate");
-    assert_eq!(g["value"], 0.125, "the run's own value");
+    assert_eq!(
+        g["value"], 0.25,
+        "the failing harness's value, not the run's 0.125"
+    );
     assert_eq!(g["passed"], false);
-    assert_eq!(g["detail"], "failing harness openhands step 2: 0.2500");
+    assert_eq!(
+        g["detail"],
+        "failing harness openhands step 2: 0.2500; run-wide step 2: 0.1250"
+    );
     let (code, v) = validate_json(dir.path(), &["--gate", "infra_failure_rate=0.3"]);
     assert_eq!(code, Some(0), "{v}");
     assert_eq!(gate(&v, "infra_failure_rate")["detail"], "worst at step 2");
