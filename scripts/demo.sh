@@ -21,9 +21,10 @@
 # one run: LEGO_RL_HARNESS=mini-swe-agent,openhands-sdk, split by LEGO_RL_HARNESS_MIX, default
 # `sample`: each group half on one, half on the other; each harness gets its own scripted
 # continuations, testdata/rollout/inflection-<name>.json where there is one; harnesses with long
-# prompts, the OpenHands SDK and Claude Code, need a policy with more positions than the tiny
-# default's 4096: the tests serve a 40960-position view of the same weights; give such a folder as
-# LEGO_RL_MODEL), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
+# prompts, every one but mini-swe-agent (the OpenHands SDK's and Claude Code's system prompts and
+# tool schemas alone pass the tiny models' 4096 positions), get the generated model through a
+# 40960-position view of the same weights, RUN/model-long-context: its config.json with
+# max_position_embeddings raised, every other file a link), LEGO_RL_GROUP (group size, default 8), LEGO_RL_MODEL (the policy:
 # a generated tiny model's name — tiny-qwen3-moe (default), tiny-qwen3.5-moe, tiny-qwen3-next — or
 # an HF checkpoint folder), LEGO_RL_FORCED (the scripted continuations; default: the Qwen3.5 form,
 # a reasoning block and XML tool calls, when the model's chat template uses `<function=` calls,
@@ -77,7 +78,18 @@ for h in "${items[@]}"; do
 done
 mix_args=""
 [ ${#names[@]} -eq 1 ] || mix_args="--harness-mix $harness_mix"
-say "model $checkpoint; harnesses ${names[*]}${mix_args:+ ($mix_args)}; scripted continuations ${forced_args[*]}"
+# Long prompts (see the header): the generated tiny model through a long-context view. The generated
+# models' rope is the default kind (no scaling), which computes every position the same way whatever
+# the limit, so only the engine's position limit changes; a checkpoint folder given by path is used
+# as it is.
+long_view=""
+case $model in
+  */*) ;;
+  *) for name in "${names[@]}"; do
+       case $name in mini-swe-agent*) ;; *) long_view="$run/model-long-context" ;; esac
+     done ;;
+esac
+say "model $checkpoint${long_view:+ (through a 40960-position view, $long_view)}; harnesses ${names[*]}${mix_args:+ ($mix_args)}; scripted continuations ${forced_args[*]}"
 if [ "${1:-}" = --dry-run ]; then
   exit 0
 fi
@@ -85,6 +97,15 @@ fi
 "$root/scripts/setup.sh"
 mkdir -p "$run/logs"
 say "run directory $run"
+if [ -n "$long_view" ]; then
+  mkdir -p "$long_view"
+  for f in "$checkpoint"/*; do
+    [ "$(basename "$f")" = config.json ] || ln -sfn "$f" "$long_view/$(basename "$f")"
+  done
+  jq '.max_position_embeddings = 40960' "$checkpoint/config.json" >"$long_view/config.json.tmp"
+  mv "$long_view/config.json.tmp" "$long_view/config.json"
+  checkpoint=$long_view
+fi
 
 say "filter-tasks: rules + decontamination of testdata/tasks"
 "$lego" filter-tasks -i "$root/testdata/tasks/tasks.jsonl" -o "$run/tasks.kept.jsonl.zst" \

@@ -18,7 +18,10 @@
 //!
 //! Each task maps to a list of scripts; a script is the list of raw model outputs (chat-template
 //! text, e.g. Qwen3 `<tool_call>` markup) forced on the trial's generations in request order.
-//! Sample `s` of a group gets script `s mod len`, so two scripts alternate within a group. `"*"`
+//! The `k`-th sample of a group on a harness gets script `k mod len` of that harness's file (with
+//! one harness, sample `s` gets script `s mod len`), so two scripts alternate within a group, on
+//! each harness of a mixed group too: a group split across harnesses sample by sample would
+//! otherwise give each harness only every other script. `"*"`
 //! applies to tasks not listed. Generations after the script's end are sampled normally; the
 //! engine computes the true log-probs and routing of forced tokens either way.
 
@@ -83,10 +86,11 @@ impl Forced {
         Ok(Forced { tasks: f.tasks })
     }
 
-    /// The outputs forced on sample `sample` of a group of `task_id` (empty when none).
-    pub fn script(&self, task_id: &str, sample: u32) -> &[String] {
+    /// The outputs forced on the `rank`-th sample of a group of `task_id` on this file's harness
+    /// (empty when none).
+    pub fn script(&self, task_id: &str, rank: u32) -> &[String] {
         match self.tasks.get(task_id).or_else(|| self.tasks.get("*")) {
-            Some(scripts) => &scripts[sample as usize % scripts.len()],
+            Some(scripts) => &scripts[rank as usize % scripts.len()],
             None => &[],
         }
     }

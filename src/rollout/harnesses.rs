@@ -109,6 +109,16 @@ impl Assignment {
             HarnessMix::Sample => u64::from(sample) % h,
         }) as usize
     }
+
+    /// Which forced script sample `sample` gets from its harness's file: its rank among the
+    /// group's samples on the same harness (`sample` itself when the group is on one harness),
+    /// so each harness of a mixed group cycles through all of its own scripts.
+    pub fn script_rank(&self, task_id: &str, group_id: u64, sample: u32) -> u32 {
+        let mine = self.harness(task_id, group_id, sample);
+        (0..sample)
+            .filter(|&k| self.harness(task_id, group_id, k) == mine)
+            .count() as u32
+    }
 }
 
 /// A task's key: 64-bit FNV-1a of its id, fixed across builds and platforms (unlike std's
@@ -250,6 +260,14 @@ mod tests {
             (0..4).map(|s| a.harness("b", 7, s)).collect::<Vec<_>>(),
             [0, 1, 0, 1]
         );
+        // ... and each harness's samples take its forced scripts in turn: 0, 1, 2, ... on each
+        // (by the sample index, harness 0 would only ever get even-numbered scripts).
+        assert_eq!(
+            (0..6).map(|s| a.script_rank("b", 7, s)).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 2, 2]
+        );
+        let g = by(HarnessMix::Group);
+        assert!((0..5).all(|s| g.script_rank("a", 1, s) == s));
         // One harness: everything on it, whatever the fields say.
         let one = Assignment::new(HarnessMix::Task, &n[..1], &ts, &[]).unwrap();
         assert!(ts.iter().all(|t| one.harness(&t.id, 3, 2) == 0));

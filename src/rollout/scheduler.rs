@@ -165,18 +165,18 @@ impl<'a> Scheduler<'a> {
         let id = Trajectory::make_id(&group.task.id, group.group_id, sample);
         self.bars.insert(id.clone(), self.progress.trial(&id));
         self.in_flight_trials += 1;
+        let assignment = &self.work.assignment;
+        let harness = assignment.harness(&group.task.id, group.group_id, sample);
+        let script = assignment.script_rank(&group.task.id, group.group_id, sample);
         let spec = trial::TrialSpec {
             task: group.task.clone(),
             image: image.to_string(),
             group_id: group.group_id,
             sample,
+            script,
             policy_version: self.policy.version,
             reload: self.policy.last_reload.clone(),
         };
-        let harness = self
-            .work
-            .assignment
-            .harness(&group.task.id, group.group_id, sample);
         let shared = self.services.shared[harness].clone();
         let (tid, gid) = (group.task.id.clone(), group.group_id);
         self.running

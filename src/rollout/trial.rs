@@ -85,6 +85,9 @@ pub struct TrialSpec {
     pub image: String,
     pub group_id: u64,
     pub sample: u32,
+    /// The forced script this trial gets: the sample's rank among the group's samples on its
+    /// harness (`sample` itself when the whole group is on one harness).
+    pub script: u32,
     pub policy_version: u64,
     /// The reload that brought `policy_version` in, when this run made one (its time and
     /// verification go into the trajectory's metadata as `reload`).
@@ -95,7 +98,7 @@ pub struct TrialSpec {
 pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
     let trial_id = Trajectory::make_id(&spec.task.id, spec.group_id, spec.sample);
     let (token, captures) = shared.proxy.register_trial(&trial_id);
-    captures.push_script(shared.forced.script(&spec.task.id, spec.sample).to_vec());
+    captures.push_script(shared.forced.script(&spec.task.id, spec.script).to_vec());
     let workdir = spec
         .task
         .environment
@@ -207,7 +210,7 @@ fn trajectory(
     if let Some(status) = &status {
         metadata.insert(AGENT_EXIT_STATUS.into(), json!(status));
     }
-    let forced = shared.forced.script(&spec.task.id, spec.sample).len();
+    let forced = shared.forced.script(&spec.task.id, spec.script).len();
     if forced > 0 {
         metadata.insert("forced_outputs".into(), json!(forced));
     }

@@ -147,13 +147,19 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
         .to_string();
     let mut task = Task::new(id, instruction);
     task.source = TaskSource::Harbor;
+    // Harbor runs the agent in the image's working directory; task.toml rarely names it.
+    // Without it the trial would fall back to SWE-bench's /testbed: the agent would work there,
+    // the diff would be taken there, and an answer written to /app would never reach the grader
+    // (reward 0, silently).
+    let workdir = get("environment", "workdir")
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .or_else(|| dockerfile.as_deref().and_then(dockerfile_workdir));
     task.environment = Environment {
         dockerfile,
         context: env_dir.is_dir().then(|| env_dir.display().to_string()),
         image,
-        workdir: get("environment", "workdir")
-            .and_then(|v| v.as_str())
-            .map(str::to_string),
+        workdir,
         ..Environment::default()
     };
     task.grader = Some(Grader::Harbor {
@@ -193,6 +199,32 @@ pub fn parse_size_mb(s: &str) -> Option<u64> {
     Some(mb.round() as u64)
 }
 
+/// The working directory a Dockerfile leaves its final stage in: its last `WORKDIR`, a relative
+/// one joined to the one before. `None` when the final stage sets none (it inherits its base
+/// image's, which only the built image knows) or when the path uses a build variable.
+fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
+    let mut dir: Option<String> = None;
+    for line in dockerfile.lines() {
+        let mut words = line.split_whitespace();
+        let Some(instruction) = words.next() else { continue };
+        if instruction.eq_ignore_ascii_case("FROM") {
+            dir = None;
+        } else if instruction.eq_ignore_ascii_case("WORKDIR") {
+            let path = words.collect::<Vec<_>>().join(" ");
+            let path = path.trim_matches('"');
+            dir = if path.contains('$') || path.is_empty() {
+                None
+            } else if path.starts_with('/') {
+                let p = path.trim_end_matches('/');
+                Some(if p.is_empty() { "/".into() } else { p.into() })
+            } else {
+                dir.map(|d| format!("{}/{path}", d.trim_end_matches('/')))
+            };
+        }
+    }
+    dir
+}
+
 fn as_f64(v: &toml::Value) -> Option<f64> {
     v.as_float().or_else(|| v.as_integer().map(|i| i as f64))
 }
@@ -221,6 +253,19 @@ mod tests {
         assert_eq!(parse_size_mb("1.5GiB"), Some(1536));
         assert_eq!(parse_size_mb("lots"), None);
     }
+
+    #[test]
+    fn the_dockerfile_names_the_working_directory() {
+        let wd = |d: &str| dockerfile_workdir(d);
+        assert_eq!(wd("FROM x\nWORKDIR /app\n").as_deref(), Some("/app"));
+        assert_eq!(wd("FROM x\nworkdir /srv/\nWORKDIR code\n").as_deref(), Some("/srv/code"));
+        assert_eq!(wd("FROM x\nWORKDIR \"/a b\"\n").as_deref(), Some("/a b"));
+        assert_eq!(wd("FROM x\nWORKDIR /\n").as_deref(), Some("/"));
+        // The final stage decides; one without WORKDIR inherits its base image's (unknown here).
+        assert_eq!(wd("FROM x AS b\nWORKDIR /build\nFROM y\nCOPY --from=b /o /o\n"), None);
+        assert_eq!(wd("FROM x\nWORKDIR $HOME/app\n"), None);
+        assert_eq!(wd("FROM x\nWORKDIR rel\n"), None);
+    }
 }
 
 #[cfg(test)]
@@ -242,6 +287,8 @@ mod fixture_tests {
     fn legacy_task_toml_keys_normalise() {
         let t = load(&fixture("hello-world")).unwrap();
         assert_eq!(t.id, "hello-world");
+        // task.toml names no workdir: the Dockerfile's WORKDIR, where Harbor runs the agent.
+        assert_eq!(t.environment.workdir.as_deref(), Some("/app"));
         assert_eq!(t.source, TaskSource::Harbor);
         assert!(t.instruction.contains("hello.txt"), "{}", t.instruction);
         let h = harbor_meta(&t);

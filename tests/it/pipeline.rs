@@ -678,9 +678,12 @@ fn demo_honours_lego_rl_model() {
         err.contains("harnesses mini-swe-agent openhands-sdk (--harness-mix sample)")
             && err.contains("--forced ")
             && err.contains("testdata/rollout/inflection.json --forced ")
-            && err.contains("testdata/rollout/inflection-openhands-sdk.json"),
+            && err.contains("testdata/rollout/inflection-openhands-sdk.json")
+            && err.contains("through a 40960-position view"),
         "{err}"
     );
+    let (_, err) = demo(None);
+    assert!(!err.contains("position view"), "mini-swe-agent alone fits: {err}");
     let (code, err) = demo(Some("qwen9"));
     assert_eq!(code, Some(2));
     assert!(
