@@ -215,7 +215,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l no-progre
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l strict -d 'Fail on the first bad input record instead of skipping and counting it (build-images with --input, rollout, align, validate, report without --serve; an error where no records are read). train-step always stops at a bad sample, and filter-tasks at a bad task unless given its own --keep-going: there it changes nothing'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -s V -l version -d 'Print version'
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gates -d 'TOML gate file: `all_steps = bool`, `[thresholds] NAME = number`, `disable = [NAME, ...]` (run health)' -r -F
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gates -d 'TOML gate file: `all_steps = bool`, `min_harness_trajectories = N`, `[thresholds] NAME = number`, `disable = [NAME, ...]` (run health)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l gate -d 'Override one gate: NAME=NUMBER, or NAME=off to disable it (repeatable; run health)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l report-out -d 'Append the validation-report record here instead of RUN_DIR/validation.jsonl.zst (the only place --eval/--compare alone append one)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -l eval -d 'Score held-out trajectories (files or run directories)' -r -F

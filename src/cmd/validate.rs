@@ -68,6 +68,10 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   train reward minus the latest 5 steps', at the lower end of its 95% interval: above 0 means
 ///   significantly worse than at the start) and heldout_reward_drop <= 0 (likewise, the first
 ///   held-out evaluation in RUN_DIR/eval/ against the latest).
+///   A run that mixes harnesses is judged per harness too; a failing gate reports its worst
+///   failing value and names the harness. On the rate gates (infra, align drop, audit kinds) a
+///   harness with fewer than min_harness_trajectories (gate file, default 8: one group of the
+///   paper's size) trajectories in the step counts only in the run-wide rate.
 ///
 /// Example:
 ///   lego-rl validate run/ || exit 1
@@ -88,8 +92,8 @@ pub struct ValidateArgs {
     /// Judge explicit files as one run (health and gates) instead of checking their records.
     #[arg(long)]
     pub health: bool,
-    /// TOML gate file: `all_steps = bool`, `[thresholds] NAME = number`, `disable = [NAME, ...]`
-    /// (run health).
+    /// TOML gate file: `all_steps = bool`, `min_harness_trajectories = N`, `[thresholds] NAME =
+    /// number`, `disable = [NAME, ...]` (run health).
     #[arg(long, value_name = "FILE")]
     pub gates: Option<PathBuf>,
     /// Override one gate: NAME=NUMBER, or NAME=off to disable it (repeatable; run health).

@@ -258,11 +258,17 @@ mod tests {
     fn the_dockerfile_names_the_working_directory() {
         let wd = |d: &str| dockerfile_workdir(d);
         assert_eq!(wd("FROM x\nWORKDIR /app\n").as_deref(), Some("/app"));
-        assert_eq!(wd("FROM x\nworkdir /srv/\nWORKDIR code\n").as_deref(), Some("/srv/code"));
+        assert_eq!(
+            wd("FROM x\nworkdir /srv/\nWORKDIR code\n").as_deref(),
+            Some("/srv/code")
+        );
         assert_eq!(wd("FROM x\nWORKDIR \"/a b\"\n").as_deref(), Some("/a b"));
         assert_eq!(wd("FROM x\nWORKDIR /\n").as_deref(), Some("/"));
         // The final stage decides; one without WORKDIR inherits its base image's (unknown here).
-        assert_eq!(wd("FROM x AS b\nWORKDIR /build\nFROM y\nCOPY --from=b /o /o\n"), None);
+        assert_eq!(
+            wd("FROM x AS b\nWORKDIR /build\nFROM y\nCOPY --from=b /o /o\n"),
+            None
+        );
         assert_eq!(wd("FROM x\nWORKDIR $HOME/app\n"), None);
         assert_eq!(wd("FROM x\nWORKDIR rel\n"), None);
     }
