@@ -102,7 +102,9 @@ if [ -n "$long_view" ]; then
   for f in "$checkpoint"/*; do
     [ "$(basename "$f")" = config.json ] || ln -sfn "$f" "$long_view/$(basename "$f")"
   done
-  jq '.max_position_embeddings = 40960' "$checkpoint/config.json" >"$long_view/config.json.tmp"
+  # Qwen3.5's config nests the language model's settings under text_config.
+  jq 'if .text_config then .text_config.max_position_embeddings = 40960 else .max_position_embeddings = 40960 end' \
+    "$checkpoint/config.json" >"$long_view/config.json.tmp"
   mv "$long_view/config.json.tmp" "$long_view/config.json"
   checkpoint=$long_view
 fi

@@ -45,9 +45,9 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   interval over common tasks. A or B may be a file or a run directory.
 ///
 /// The modes combine as RUN_DIR (or --health FILE...) plus --eval and/or --compare, into one
-/// report record. Gates (--gates, --gate, --all-steps) belong to run health; --report-out and
-/// --no-report to run health and evaluation (--eval/--compare alone append a report only to
-/// --report-out). A flag the chosen mode does not read is an error (exit 2) before any file is
+/// report record. Gates (--gates, --gate, --all-steps) belong to run health; --report-out to run
+/// health and evaluation (--eval/--compare alone append a report only to --report-out), and
+/// --no-report to run health. A flag the chosen mode does not read is an error (exit 2) before any file is
 /// judged, as are --health without files or with a run directory, and files beside
 /// --eval/--compare without --health. The global --strict applies to record checks; run health
 /// and evaluation always stop at the first bad record (exit 2).

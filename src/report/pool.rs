@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::data::ReportData;
 use super::ReportError;
 use crate::io::{open_records, read_all, ReadOptions};
 use crate::records::{PassRate, Task, TaskDecision};
@@ -118,7 +117,7 @@ fn entry(rows: &mut BTreeMap<u64, PoolStep>, step: u64) -> &mut PoolStep {
 const SATURATION: [&str; 2] = ["saturated_solved", "saturated_failed"];
 
 /// `pool_steps.csv` (header only for a run without `pool/` files).
-pub fn pool_steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
+pub fn pool_steps_csv(rows: &[PoolStep]) -> Result<Vec<u8>, ReportError> {
     let name = "pool_steps.csv";
     let err = |e: csv::Error| ReportError::Csv {
         table: name.to_string(),
@@ -140,7 +139,7 @@ pub fn pool_steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
         "pass_rate_mean",
     ])
     .map_err(err)?;
-    for r in &d.pool_steps {
+    for r in rows {
         let dropped = |f: &dyn Fn(&str) -> bool| {
             r.dropped
                 .as_ref()
@@ -262,11 +261,7 @@ mod tests {
         assert_eq!((two.step, two.tasks, two.bands.middle), (2, Some(2), 2));
         let dropped = two.dropped.clone().unwrap();
         assert_eq!((dropped["saturated_solved"], dropped["saturated_failed"]), (1, 2));
-        let d = ReportData {
-            pool_steps: rows,
-            ..Default::default()
-        };
-        let csv = String::from_utf8(pool_steps_csv(&d).unwrap()).unwrap();
+        let csv = String::from_utf8(pool_steps_csv(&rows).unwrap()).unwrap();
         assert_eq!(
             csv,
             "step,pool_tasks,dropped_saturated_solved,dropped_saturated_failed,dropped_other,\
@@ -282,7 +277,7 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("pool")).unwrap();
         let files = RunFiles::discover(dir.path(), true).unwrap();
         assert!(pool_steps(&files, ReadOptions::default()).unwrap().is_empty());
-        let csv = pool_steps_csv(&ReportData::default()).unwrap();
+        let csv = pool_steps_csv(&[]).unwrap();
         assert_eq!(csv.iter().filter(|b| **b == b'\n').count(), 1, "header only");
     }
 }

@@ -188,6 +188,6 @@ pub fn all(d: &ReportData) -> Result<Vec<(&'static str, Vec<u8>)>, ReportError> 
             group_csv("terminations.csv", "termination", &d.terminations)?,
         ),
         ("harness_steps.csv", super::harness::harness_steps_csv(d)?),
-        ("pool_steps.csv", super::pool::pool_steps_csv(d)?),
+        ("pool_steps.csv", super::pool::pool_steps_csv(&d.pool_steps)?),
     ])
 }

@@ -286,7 +286,8 @@ fn warn_unknown_workdirs<'a>(tasks: impl Iterator<Item = &'a Task>) {
     if let Some(first) = unknown.first() {
         tracing::warn!(
             "{} Harbor task(s), e.g. {first}, name no working directory (task.toml [environment].workdir \
-             or a Dockerfile WORKDIR): their agents run and are graded in {}",
+             or a Dockerfile WORKDIR; records from an older filter-tasks lack it: rerun filter-tasks \
+             on the task directories, or set environment.workdir): their agents run and are graded in {}",
             unknown.len(),
             crate::sandbox::images::DEFAULT_WORKDIR
         );

@@ -147,21 +147,8 @@ pub fn load(dir: &Path) -> Result<Task, TaskError> {
         .to_string();
     let mut task = Task::new(id, instruction);
     task.source = TaskSource::Harbor;
-    // Harbor runs the agent in the image's working directory; task.toml rarely names it.
-    // Without it the trial would fall back to SWE-bench's /testbed: the agent would work there,
-    // the diff would be taken there, and an answer written to /app would never reach the grader
-    // (reward 0, silently).
-    let workdir = get("environment", "workdir")
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
-        .or_else(|| dockerfile.as_deref().and_then(dockerfile_workdir));
-    task.environment = Environment {
-        dockerfile,
-        context: env_dir.is_dir().then(|| env_dir.display().to_string()),
-        image,
-        workdir,
-        ..Environment::default()
-    };
+    let named_workdir = get("environment", "workdir").and_then(|v| v.as_str());
+    task.environment = environment(dockerfile, &env_dir, image, named_workdir);
     task.grader = Some(Grader::Harbor {
         tests_dir: tests_dir.display().to_string(),
     });
@@ -199,9 +186,36 @@ pub fn parse_size_mb(s: &str) -> Option<u64> {
     Some(mb.round() as u64)
 }
 
+/// The task's container: its Dockerfile (and build context) or prebuilt image, and its working
+/// directory, the one task.toml names or else the Dockerfile's.
+fn environment(
+    dockerfile: Option<String>,
+    env_dir: &Path,
+    image: Option<String>,
+    named_workdir: Option<&str>,
+) -> Environment {
+    let workdir = named_workdir
+        .map(str::to_string)
+        .or_else(|| dockerfile.as_deref().and_then(dockerfile_workdir));
+    Environment {
+        dockerfile,
+        context: env_dir.is_dir().then(|| env_dir.display().to_string()),
+        image,
+        workdir,
+        ..Environment::default()
+    }
+}
+
 /// The working directory a Dockerfile leaves its final stage in: its last `WORKDIR`, a relative
-/// one joined to the one before. `None` when the final stage sets none (it inherits its base
-/// image's, which only the built image knows) or when the path uses a build variable.
+/// one joined to the one before.
+///
+/// Why: Harbor runs the agent in the image's working directory, and task.toml rarely names it.
+/// Without it the trial would fall back to SWE-bench's /testbed: the agent would work there, the
+/// diff would be taken there, and an answer written to /app would never reach the grader (reward
+/// 0, silently). `None` (the rollout warns, and /testbed is used) when the final stage sets none
+/// (it inherits its base image's, which only the built image knows), when the path uses a build
+/// variable, and for `/`: the trial hands its working tree to the agent user and takes its diff
+/// with git, which must never span the whole filesystem.
 fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
     let mut dir: Option<String> = None;
     for line in dockerfile.lines() {
@@ -215,8 +229,7 @@ fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
             dir = if path.contains('$') || path.is_empty() {
                 None
             } else if path.starts_with('/') {
-                let p = path.trim_end_matches('/');
-                Some(if p.is_empty() { "/".into() } else { p.into() })
+                Some(path.trim_end_matches('/').to_string()).filter(|p| !p.is_empty())
             } else {
                 dir.map(|d| format!("{}/{path}", d.trim_end_matches('/')))
             };
@@ -263,7 +276,7 @@ mod tests {
             Some("/srv/code")
         );
         assert_eq!(wd("FROM x\nWORKDIR \"/a b\"\n").as_deref(), Some("/a b"));
-        assert_eq!(wd("FROM x\nWORKDIR /\n").as_deref(), Some("/"));
+        assert_eq!(wd("FROM x\nWORKDIR /app\nWORKDIR /\n"), None);
         // The final stage decides; one without WORKDIR inherits its base image's (unknown here).
         assert_eq!(
             wd("FROM x AS b\nWORKDIR /build\nFROM y\nCOPY --from=b /o /o\n"),

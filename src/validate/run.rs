@@ -94,9 +94,10 @@ impl RunFiles {
     /// Finds the files of a run directory. With `allow_empty`, a directory with none of them is
     /// an empty run (a live report started before rollout); otherwise an error.
     pub fn discover(root: &Path, allow_empty: bool) -> Result<Self, RunError> {
-        let (pool_decisions, pool) = list(&root.join("pool"))?
-            .into_iter()
-            .partition(|(_, p)| p.to_string_lossy().contains(".decisions.jsonl"));
+        let (pool_decisions, pool) = list(&root.join("pool"))?.into_iter().partition(|(_, p)| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().contains(".decisions.jsonl"))
+        });
         let files = RunFiles {
             root: Some(root.to_path_buf()),
             trajectories: list(&root.join("trajectories"))?,
