@@ -231,7 +231,7 @@ fn check_stage_flags(a: &FilterTasksArgs, stages: &[Stage]) -> anyhow::Result<()
             continue;
         }
         let names: Vec<&str> = owners.iter().map(|s| s.as_str()).collect();
-        let why: Vec<String> = owners
+        let mut why: Vec<String> = owners
             .iter()
             .map(|&stage| match (&a.stages, stage) {
                 (Some(given), _) => format!(
@@ -245,7 +245,6 @@ fn check_stage_flags(a: &FilterTasksArgs, stages: &[Stage]) -> anyhow::Result<()
                 (None, other) => format!("{} is not selected", other.as_str()),
             })
             .collect();
-        let mut why = why;
         why.dedup();
         anyhow::bail!(
             "{flag}: a flag of stage {}, which does not run ({})",

@@ -6,15 +6,12 @@
 //! than one harness.
 
 use super::data::ReportData;
-use super::ReportError;
+use super::{csv_err, finish_csv, ReportError};
 
 /// `harness_steps.csv` (header only for a run without trajectories).
 pub fn harness_steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
     let name = "harness_steps.csv";
-    let err = |e: csv::Error| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    };
+    let err = csv_err(name);
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record([
         "step",
@@ -37,7 +34,7 @@ pub fn harness_steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
         "terminations",
         "audit",
     ])
-    .map_err(err)?;
+    .map_err(&err)?;
     let num = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
     let kv = |m: &std::collections::BTreeMap<String, u64>| {
         m.iter()
@@ -68,10 +65,7 @@ pub fn harness_steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
             kv(&r.terminations),
             kv(&r.audit),
         ])
-        .map_err(err)?;
+        .map_err(&err)?;
     }
-    w.into_inner().map_err(|e| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    })
+    finish_csv(w, name)
 }

@@ -46,6 +46,23 @@ pub enum ReportError {
     Assist(String),
 }
 
+/// The error of writing a row of CSV table `name` (the report's tables in `tables`, `harness`,
+/// `pool`).
+fn csv_err(name: &str) -> impl Fn(csv::Error) -> ReportError + '_ {
+    move |e| ReportError::Csv {
+        table: name.to_string(),
+        msg: e.to_string(),
+    }
+}
+
+/// The bytes of CSV table `name` once its last row is written.
+fn finish_csv(w: csv::Writer<Vec<u8>>, name: &str) -> Result<Vec<u8>, ReportError> {
+    w.into_inner().map_err(|e| ReportError::Csv {
+        table: name.to_string(),
+        msg: e.to_string(),
+    })
+}
+
 /// Settings of a static report.
 #[derive(Debug, Clone)]
 pub struct StaticSettings {

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::ReportError;
+use super::{csv_err, finish_csv, ReportError};
 use crate::io::{open_records, read_all, ReadOptions};
 use crate::records::{PassRate, Task, TaskDecision};
 use crate::validate::run::{RunError, RunFiles};
@@ -119,10 +119,7 @@ const SATURATION: [&str; 2] = ["saturated_solved", "saturated_failed"];
 /// `pool_steps.csv` (header only for a run without `pool/` files).
 pub fn pool_steps_csv(rows: &[PoolStep]) -> Result<Vec<u8>, ReportError> {
     let name = "pool_steps.csv";
-    let err = |e: csv::Error| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    };
+    let err = csv_err(name);
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record([
         "step",
@@ -138,7 +135,7 @@ pub fn pool_steps_csv(rows: &[PoolStep]) -> Result<Vec<u8>, ReportError> {
         "always_solved",
         "pass_rate_mean",
     ])
-    .map_err(err)?;
+    .map_err(&err)?;
     for r in rows {
         let dropped = |f: &dyn Fn(&str) -> bool| {
             r.dropped
@@ -167,12 +164,9 @@ pub fn pool_steps_csv(rows: &[PoolStep]) -> Result<Vec<u8>, ReportError> {
             b.always_solved.to_string(),
             r.pass_rate_mean.map(|v| v.to_string()).unwrap_or_default(),
         ])
-        .map_err(err)?;
+        .map_err(&err)?;
     }
-    w.into_inner().map_err(|e| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    })
+    finish_csv(w, name)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! ([`super::harness`]) and the task pool per step ([`super::pool`]).
 
 use super::data::{metric_columns, metric_map, GroupRow, ReportData};
-use super::ReportError;
+use super::{csv_err, finish_csv, ReportError};
 
 fn num(v: Option<f64>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
@@ -11,20 +11,6 @@ fn num(v: Option<f64>) -> String {
 
 fn opt(v: Option<u64>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
-}
-
-fn finish(w: csv::Writer<Vec<u8>>, name: &str) -> Result<Vec<u8>, ReportError> {
-    w.into_inner().map_err(|e| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    })
-}
-
-fn csv_err(name: &str) -> impl Fn(csv::Error) -> ReportError + '_ {
-    move |e| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    }
 }
 
 /// `steps.csv`.
@@ -121,7 +107,7 @@ pub fn steps_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
         }
         w.write_record(&rec).map_err(csv_err(name))?;
     }
-    finish(w, name)
+    finish_csv(w, name)
 }
 
 /// A per-group table (`tasks.csv`, `harnesses.csv`, `terminations.csv`) with `key` as its first column.
@@ -149,7 +135,7 @@ pub fn group_csv(name: &str, key: &str, rows: &[GroupRow]) -> Result<Vec<u8>, Re
         ])
         .map_err(csv_err(name))?;
     }
-    finish(w, name)
+    finish_csv(w, name)
 }
 
 /// `staleness.csv`: per step, loss tokens by how many policy versions old they were (the
@@ -170,7 +156,7 @@ pub fn staleness_csv(d: &ReportData) -> Result<Vec<u8>, ReportError> {
                 .map_err(csv_err(name))?;
         }
     }
-    finish(w, name)
+    finish_csv(w, name)
 }
 
 /// Every table as (file name, bytes).

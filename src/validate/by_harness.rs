@@ -195,9 +195,7 @@ pub fn gate_values(
                 .filter(|_| replay_of(metric_step) == Some(false))
                 .map(|v| (metric_step, v)),
             "logprob_kl" => train.and_then(|m| m.logprob_kl).map(|v| (metric_step, v)),
-            _ => name
-                .strip_suffix("_rate")
-                .filter(|k| audit_kinds.contains(k))
+            _ => audit_kind(name, audit_kinds)
                 .filter(|_| r.trajectories > 0)
                 .map(|k| {
                     let n = r.audit.get(k).copied().unwrap_or(0);
@@ -215,11 +213,12 @@ pub fn gate_values(
 /// `infra_failure_rate`, `align_drop_rate`, `<kind>_rate` for each of `audit_kinds`. One event
 /// moves such a rate by 1/n, so a harness is judged on it alone only from a minimum sample.
 pub fn is_rate_gate(name: &str, audit_kinds: &[&str]) -> bool {
-    name == "infra_failure_rate"
-        || name == "align_drop_rate"
-        || name
-            .strip_suffix("_rate")
-            .is_some_and(|k| audit_kinds.contains(&k))
+    name == "infra_failure_rate" || name == "align_drop_rate" || audit_kind(name, audit_kinds).is_some()
+}
+
+/// The audit kind of gate `<kind>_rate`, when `kind` is one of `audit_kinds`.
+fn audit_kind<'a>(name: &'a str, audit_kinds: &[&str]) -> Option<&'a str> {
+    name.strip_suffix("_rate").filter(|k| audit_kinds.contains(k))
 }
 
 /// The (harness, step, trajectories) that [`gate_values`] leaves out of rate gate `name` for

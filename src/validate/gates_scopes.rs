@@ -7,6 +7,11 @@ use std::collections::BTreeMap;
 use super::{GateConfig, Op};
 use crate::records::GateResult;
 
+/// The item whose value is worst by `op` (the first of equals), if any.
+fn worst_of<T: Copy>(op: Op, items: impl Iterator<Item = T>, value: impl Fn(T) -> f64) -> Option<T> {
+    items.reduce(|a, b| if op.worse(value(b), value(a)) { b } else { a })
+}
+
 /// A run-level gate over its scopes (the run's, with an empty name, then each harness's), each
 /// measured or not: the value (the worst failing scope's; when none fails, the run's, else the
 /// worst harness's), whether every measured scope passed, and the detail (the run's own, then the
@@ -20,21 +25,16 @@ pub(super) fn judge_run_level(
         .into_iter()
         .filter_map(|(scope, m)| m.map(|(v, d)| (scope, v, d)))
         .collect();
-    let worse = |a: &(String, f64, String), b: &(String, f64, String)| op.worse(b.1, a.1);
     let failing: Vec<&(String, f64, String)> = measured.iter().filter(|m| !op.ok(m.1, threshold)).collect();
     // The run's own value when measured (as for the per-step gates), else the worst harness's;
     // a failing gate's is its worst failing scope's.
     let run_wide = measured.iter().any(|m| m.0.is_empty());
     let worst = if failing.is_empty() {
-        measured
-            .iter()
-            .filter(|m| m.0.is_empty() || !run_wide)
-            .reduce(|a, b| if worse(a, b) { b } else { a })
+        worst_of(op, measured.iter().filter(|m| m.0.is_empty() || !run_wide), |m| {
+            m.1
+        })
     } else {
-        failing
-            .iter()
-            .copied()
-            .reduce(|a, b| if worse(a, b) { b } else { a })
+        worst_of(op, failing.iter().copied(), |m| m.1)
     };
     let mark = |m: &(String, f64, String)| {
         let is_worst = failing.len() > 1 && worst.is_some_and(|w| std::ptr::eq(w, m));
@@ -99,21 +99,17 @@ pub(super) fn judge_steps(
     // the worst failing value, wherever it is: a gate that fails on a harness at 0.25 must not
     // report the run's 0.05 under its threshold.
     let run_wide = judged.iter().any(|j| j.0.is_empty());
-    let run_worst = judged
-        .iter()
-        .copied()
-        .filter(|j| j.0.is_empty() || !run_wide)
-        .reduce(|a, b| if op.worse(b.2, a.2) { b } else { a });
+    let run_worst = worst_of(
+        op,
+        judged.iter().copied().filter(|j| j.0.is_empty() || !run_wide),
+        |j| j.2,
+    );
     let failing: Vec<(&str, u64, f64)> = judged
         .iter()
         .copied()
         .filter(|(_, _, v)| !op.ok(*v, threshold))
         .collect();
-    let worst = failing
-        .iter()
-        .copied()
-        .reduce(|a, b| if op.worse(b.2, a.2) { b } else { a })
-        .or(run_worst);
+    let worst = worst_of(op, failing.iter().copied(), |j| j.2).or(run_worst);
     let listed: Vec<String> = failing
         .iter()
         .map(|&f| {
