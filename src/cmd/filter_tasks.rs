@@ -163,39 +163,66 @@ const SATURATION_GROUPS: u32 = 2;
 
 /// Every stage flag given on the command line, as spelled there, with the stages that read it.
 fn given_stage_flags(s: &StageArgs) -> Vec<(&'static str, &'static [Stage])> {
+    // Destructured without `..`: a stage flag added to StageArgs does not compile until it is
+    // listed here with its stages.
+    let StageArgs {
+        min_statement_chars,
+        max_statement_chars,
+        min_patch_lines,
+        max_patch_lines,
+        max_patch_files,
+        max_test_patch_lines,
+        max_test_patch_files,
+        no_test_file_check,
+        languages,
+        licenses,
+        exclude_instances,
+        exclude_repos_of,
+        validity_runs,
+        images,
+        jobs,
+        trials,
+        min_solved,
+        max_solved,
+        trials_per_task,
+        solved_threshold,
+        incomplete_trials,
+        drop_saturated,
+        saturation_groups,
+    } = s;
     const RULES: &[Stage] = &[Stage::Rules];
     const DECONTAM: &[Stage] = &[Stage::Decontamination];
     const VALIDITY: &[Stage] = &[Stage::Validity];
     const DIFFICULTY: &[Stage] = &[Stage::Difficulty];
     const SATURATION: &[Stage] = &[Stage::Saturation];
     [
-        ("--min-statement-chars", s.min_statement_chars.is_some(), RULES),
-        ("--max-statement-chars", s.max_statement_chars.is_some(), RULES),
-        ("--min-patch-lines", s.min_patch_lines.is_some(), RULES),
-        ("--max-patch-lines", s.max_patch_lines.is_some(), RULES),
-        ("--max-patch-files", s.max_patch_files.is_some(), RULES),
-        ("--max-test-patch-lines", s.max_test_patch_lines.is_some(), RULES),
-        ("--max-test-patch-files", s.max_test_patch_files.is_some(), RULES),
-        ("--no-test-file-check", s.no_test_file_check, RULES),
-        ("--languages", !s.languages.is_empty(), RULES),
-        ("--licenses", !s.licenses.is_empty(), RULES),
-        ("--exclude-instances", s.exclude_instances.is_some(), DECONTAM),
-        ("--exclude-repos-of", s.exclude_repos_of.is_some(), DECONTAM),
-        ("--validity-runs", s.validity_runs.is_some(), VALIDITY),
-        ("--images", !s.images.is_empty(), VALIDITY),
-        ("-j/--jobs", s.jobs.is_some(), VALIDITY),
-        ("--trials", !s.trials.is_empty(), DIFFICULTY),
-        ("--min-solved", s.min_solved.is_some(), DIFFICULTY),
-        ("--max-solved", s.max_solved.is_some(), DIFFICULTY),
-        ("--trials-per-task", s.trials_per_task.is_some(), DIFFICULTY),
-        ("--incomplete-trials", s.incomplete_trials.is_some(), DIFFICULTY),
+        ("--min-statement-chars", min_statement_chars.is_some(), RULES),
+        ("--max-statement-chars", max_statement_chars.is_some(), RULES),
+        ("--min-patch-lines", min_patch_lines.is_some(), RULES),
+        ("--max-patch-lines", max_patch_lines.is_some(), RULES),
+        ("--max-patch-files", max_patch_files.is_some(), RULES),
+        ("--max-test-patch-lines", max_test_patch_lines.is_some(), RULES),
+        ("--max-test-patch-files", max_test_patch_files.is_some(), RULES),
+        ("--no-test-file-check", *no_test_file_check, RULES),
+        ("--languages", !languages.is_empty(), RULES),
+        ("--licenses", !licenses.is_empty(), RULES),
+        ("--exclude-instances", exclude_instances.is_some(), DECONTAM),
+        ("--exclude-repos-of", exclude_repos_of.is_some(), DECONTAM),
+        ("--validity-runs", validity_runs.is_some(), VALIDITY),
+        ("--images", !images.is_empty(), VALIDITY),
+        ("-j/--jobs", jobs.is_some(), VALIDITY),
+        ("--trials", !trials.is_empty(), DIFFICULTY),
+        ("--min-solved", min_solved.is_some(), DIFFICULTY),
+        ("--max-solved", max_solved.is_some(), DIFFICULTY),
+        ("--trials-per-task", trials_per_task.is_some(), DIFFICULTY),
+        ("--incomplete-trials", incomplete_trials.is_some(), DIFFICULTY),
         (
             "--solved-threshold",
-            s.solved_threshold.is_some(),
+            solved_threshold.is_some(),
             &[Stage::Difficulty, Stage::Saturation],
         ),
-        ("--drop-saturated", !s.drop_saturated.is_empty(), SATURATION),
-        ("--saturation-groups", s.saturation_groups.is_some(), SATURATION),
+        ("--drop-saturated", !drop_saturated.is_empty(), SATURATION),
+        ("--saturation-groups", saturation_groups.is_some(), SATURATION),
     ]
     .into_iter()
     .filter_map(|(flag, given, stages)| given.then_some((flag, stages)))
