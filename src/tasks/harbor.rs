@@ -216,9 +216,25 @@ fn environment(
 /// (it inherits its base image's, which only the built image knows), when the path uses a build
 /// variable, and for `/`: the trial hands its working tree to the agent user and takes its diff
 /// with git, which must never span the whole filesystem.
+///
+/// Only instruction lines are read: a line continued from the one before (`\` at its end) and the
+/// body of a heredoc (`RUN <<EOF`, `COPY <<-'EOF' /app/main.py`) are an instruction's arguments,
+/// so a Python file written by a heredoc whose line starts with `from` does not end the stage.
 fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
     let mut dir: Option<String> = None;
-    for line in dockerfile.lines() {
+    let mut lines = dockerfile.lines();
+    let mut continued = false;
+    while let Some(line) = lines.next() {
+        let instruction_line = !continued;
+        continued = !line.trim_start().starts_with('#') && line.trim_end().ends_with('\\');
+        for end in heredoc_ends(line) {
+            // The body, up to its terminator line (`<<-` allows leading tabs before it).
+            lines.by_ref().find(|l| l.trim_start_matches('\t') == end);
+            continued = false;
+        }
+        if !instruction_line {
+            continue;
+        }
         let mut words = line.split_whitespace();
         let Some(instruction) = words.next() else { continue };
         if instruction.eq_ignore_ascii_case("FROM") {
@@ -236,6 +252,30 @@ fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
         }
     }
     dir
+}
+
+/// The terminators of the heredocs a Dockerfile line opens, in order: `<<EOF`, `<<-EOF`,
+/// `<<"EOF"`, `<<'EOF'` (a shell here-string `<<<` opens none).
+fn heredoc_ends(line: &str) -> Vec<&str> {
+    let mut ends = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("<<") {
+        rest = &rest[at + 2..];
+        if rest.starts_with('<') {
+            rest = rest.trim_start_matches('<');
+            continue;
+        }
+        let word = rest.strip_prefix('-').unwrap_or(rest);
+        let word = word.trim_start_matches(['"', '\'']);
+        let len = word
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(word.len());
+        if len > 0 {
+            ends.push(&word[..len]);
+        }
+        rest = &word[len..];
+    }
+    ends
 }
 
 fn as_f64(v: &toml::Value) -> Option<f64> {
@@ -284,6 +324,19 @@ mod tests {
         );
         assert_eq!(wd("FROM x\nWORKDIR $HOME/app\n"), None);
         assert_eq!(wd("FROM x\nWORKDIR rel\n"), None);
+        // A heredoc's body and a continued line are arguments, not instructions: a Python file
+        // that starts `from ...` does not begin a stage, nor does a WORKDIR line inside the body.
+        let heredoc = "FROM x\nWORKDIR /app\nCOPY <<-'EOF' /app/main.py\nfrom math import sqrt\n\
+                       WORKDIR /elsewhere\n\tEOF\nRUN cat <<A >a <<\"B\" >b\nfrom a\nA\nfrom b\nB\n";
+        assert_eq!(wd(heredoc).as_deref(), Some("/app"));
+        let continued = "FROM x\nWORKDIR /app\nRUN echo \\\n    from here \\\n  && true\n";
+        assert_eq!(wd(continued).as_deref(), Some("/app"));
+        // A here-string opens no heredoc; the instructions after it still count.
+        assert_eq!(
+            wd("FROM x\nRUN cat <<< hi\nWORKDIR /srv\n").as_deref(),
+            Some("/srv")
+        );
+        assert_eq!(heredoc_ends("RUN cat <<A >a <<-\"B\" >b <<<c"), ["A", "B"]);
     }
 }
 
