@@ -8,6 +8,7 @@ mod align_traffic;
 mod assist;
 mod chat;
 mod cli;
+mod cli_flags;
 mod common;
 mod correction;
 mod dist;
