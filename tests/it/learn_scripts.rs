@@ -388,3 +388,138 @@ fn a_line_separator_inside_a_string_is_not_a_line_break() {
         text(&out.stdout)
     );
 }
+
+/// One group of a GSPO batch: its task, group id, extra-group index under dynamic sampling, and
+/// its trials' rewards (None: an infra failure).
+type Group<'a> = (&'a str, u64, Option<u64>, &'a [Option<f64>]);
+
+/// One GSPO batch file `RUN/trajectories/step-V.jsonl.zst`; `dynamic`: the trajectories carry
+/// rollout's `dynamic_sampling` marks.
+fn write_batch(run: &Path, version: u64, dynamic: bool, groups: &[Group]) {
+    let mut records = Vec::new();
+    for &(task, group, extra, rewards) in groups {
+        for &reward in rewards {
+            let termination = if reward.is_some() {
+                "finished"
+            } else {
+                "infra:agent"
+            };
+            let mut t = traj(task, &[submit("red")], termination, reward);
+            t["group_id"] = json!(group);
+            if dynamic {
+                t["dynamic_sampling"] = json!({ "informative": true, "extra_group": extra, "pool": 3 });
+            }
+            records.push(t);
+        }
+    }
+    let path = run.join(format!("trajectories/step-{version:06}.jsonl.zst"));
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let plain: String = lines(&records).iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(path, zstd::encode_all(plain.as_bytes(), 3).unwrap()).unwrap();
+}
+
+/// `RUN/metrics.jsonl.zst` with one line per optimizer update.
+fn write_updates(run: &Path, updates: usize) {
+    let plain: String = (0..updates).map(|k| format!("{{\"step\":{k}}}\n")).collect();
+    let bytes = zstd::encode_all(plain.as_bytes(), 3).unwrap();
+    std::fs::write(run.join("metrics.jsonl.zst"), bytes).unwrap();
+}
+
+/// arms.py's row of one arm: seeds.py's cells for the held-out reward (without its Δ / SE
+/// column), then (trials, groups, zero-variance groups, extra groups) and updates.
+fn arms_row(arm: &str, run: &str, ends: [(u32, u32); 2], batches: [u32; 4], updates: u32) -> String {
+    let held = seeds_row(arm, &format!("{run} | 40 → 50"), ends[0], ends[1]);
+    let held = &held[..held.trim_end_matches(" |").rfind(" | ").unwrap()];
+    let [trials, groups, flat, extra] = batches;
+    let share = f64::from(flat) / f64::from(groups);
+    format!("{held} | {trials} | {groups} | {flat} ({share:.2}) | {extra} | {updates} |")
+}
+
+#[test]
+fn arms_compares_plain_and_dynamic_runs_per_seed_and_pooled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, zero, lost) = (Some(1.0), Some(0.0), None);
+    let mut runs = Vec::new();
+    for (name, end) in [
+        ("s1-plain", final_eval()),
+        ("s1-dyn", all_rewarded()),
+        ("s2-plain", final_eval()),
+        ("s2-dyn", final_eval()),
+    ] {
+        let run = run_dir(dir.path(), name);
+        write_eval(&run, V0, &warm_start(), true);
+        write_eval(&run, V1, &end, true);
+        // An evaluation still being written is not the end.
+        write_eval(&run, 55, &all_rewarded(), false);
+        runs.push(run);
+    }
+    // Plain: 12 trials in 6 groups; zero variance: (BLUE, 40) all pass, (RED, 40) one fail and
+    // an infra failure (left out), (GREEN, 41) all pass, (RED, 41) all fail.
+    for plain in [&runs[0], &runs[2]] {
+        let b40: [Group; 3] = [
+            (BLUE, 40, None, &[one, one]),
+            (GREEN, 40, None, &[one, zero]),
+            (RED, 40, None, &[zero, lost]),
+        ];
+        let b41: [Group; 3] = [
+            (BLUE, 41, None, &[one, zero]),
+            (GREEN, 41, None, &[one, one]),
+            (RED, 41, None, &[zero, zero]),
+        ];
+        write_batch(plain, 40, false, &b40);
+        write_batch(plain, 41, false, &b41);
+        write_updates(plain, 2);
+    }
+    // Dynamic: a planned group that does not vary and an extra group that does, then a batch of
+    // one informative planned group: 6 trials, 3 groups, 1 without variance, 1 extra, 2 updates.
+    for dynamic in [&runs[1], &runs[3]] {
+        let b40: [Group; 2] = [(BLUE, 0, None, &[one, one]), (GREEN, 1, Some(0), &[zero, one])];
+        write_batch(dynamic, 40, true, &b40);
+        write_batch(dynamic, 41, true, &[(RED, 13, None, &[one, zero])]);
+        write_updates(dynamic, 2);
+    }
+    let out = script("arms.py", &runs);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "arms.py failed:\n{stderr}\n{stdout}");
+    assert_eq!(stderr, "");
+    let (plain, dynamic) = ([12, 6, 4, 0], [6, 3, 1, 1]);
+    let expected = [
+        "| arm | run | versions | warm start | end | Δ ± SE | train trials | groups | zero-variance | extra groups | updates |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|---|".into(),
+        arms_row("plain", "s1-plain", [(4, 10), (7, 10)], plain, 2),
+        arms_row("dynamic", "s1-dyn", [(4, 10), (3, 3)], dynamic, 2),
+        arms_row("plain", "s2-plain", [(4, 10), (7, 10)], plain, 2),
+        arms_row("dynamic", "s2-dyn", [(4, 10), (7, 10)], dynamic, 2),
+        String::new(),
+        "pooled over 2 seed(s), held-out reward at the end: plain 14/20 = 0.700, dynamic 10/13 = 0.769".into(),
+        // By hand: 10/13 - 14/20 = 0.0692; sqrt(0.7 * 0.3 / 20 + (10/13)(3/13) / 13) = 0.1554;
+        // (10/13) / 0.7 = 1.0989.
+        "dynamic - plain: +0.069 ± 0.155 (+0.4 SE); dynamic / plain: 1.099".into(),
+    ];
+    assert_eq!(stdout, expected.join("\n") + "\n");
+    assert_eq!(
+        expected[3],
+        "| dynamic | s1-dyn | 40 → 50 | 4/10 = 0.400 | 3/3 = 1.000 | +0.600 ± 0.155 | 6 | 3 | 1 (0.33) | 1 | 2 |"
+    );
+
+    // An odd number of runs is not a set of pairs; a run without a finished final evaluation is
+    // named, before anything is printed.
+    let out = script("arms.py", &runs[..3]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("arms.py PLAIN_RUN DYN_RUN"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(eval_path(&runs[3], V1).with_extension("zst.done")).unwrap();
+    let out = script("arms.py", &runs);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "{}/eval: needs finished evaluations of the warm start (version 40) and of a later version\n",
+            runs[3].display()
+        )
+    );
+    assert_eq!(text(&out.stdout), "");
+}
