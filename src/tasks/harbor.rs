@@ -226,8 +226,14 @@ fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
     let mut continued = false;
     while let Some(line) = lines.next() {
         let instruction_line = !continued;
-        continued = !line.trim_start().starts_with('#') && line.trim_end().ends_with('\\');
-        for end in heredoc_ends(line) {
+        // Comment and empty lines inside a continued instruction do not end it (Docker drops them).
+        let blank = line.trim_start().starts_with('#') || line.trim().is_empty();
+        continued = if blank {
+            continued
+        } else {
+            line.trim_end().ends_with('\\')
+        };
+        for end in heredoc_ends(if blank { "" } else { line }) {
             // The body, up to its terminator line (`<<-` allows leading tabs before it).
             lines.by_ref().find(|l| l.trim_start_matches('\t') == end);
             continued = false;
@@ -329,12 +335,17 @@ mod tests {
         let heredoc = "FROM x\nWORKDIR /app\nCOPY <<-'EOF' /app/main.py\nfrom math import sqrt\n\
                        WORKDIR /elsewhere\n\tEOF\nRUN cat <<A >a <<\"B\" >b\nfrom a\nA\nfrom b\nB\n";
         assert_eq!(wd(heredoc).as_deref(), Some("/app"));
-        let continued = "FROM x\nWORKDIR /app\nRUN echo \\\n    from here \\\n  && true\n";
+        let continued = "FROM x\nWORKDIR /app\nRUN echo \\\n    from here \\\n# a comment\n\n  from there\n";
         assert_eq!(wd(continued).as_deref(), Some("/app"));
         // A here-string opens no heredoc; the instructions after it still count.
         assert_eq!(
             wd("FROM x\nRUN cat <<< hi\nWORKDIR /srv\n").as_deref(),
             Some("/srv")
+        );
+        // A comment opens no heredoc either.
+        assert_eq!(
+            wd("FROM x\n# see <<EOF\nWORKDIR /a\nEOF\n").as_deref(),
+            Some("/a")
         );
         assert_eq!(heredoc_ends("RUN cat <<A >a <<-\"B\" >b <<<c"), ["A", "B"]);
     }
