@@ -24,22 +24,7 @@ import pathlib
 import sys
 
 from evalfiles import graded, records
-from seeds import diff, tally
-
-
-def evaluations(run):
-    """(warm-start version, last finished version, (k0, n0), (k1, n1)) of one run."""
-    try:
-        v0 = int((run / "warmstart" / "version").read_text().strip())
-    except (OSError, ValueError) as e:
-        sys.exit(f"{run}/warmstart/version: cannot read the warm start's version: {e}")
-    done = sorted(int(p.name[5:11]) for p in (run / "eval").glob("step-*.jsonl.zst.done"))
-    if v0 not in done or done[-1] == v0:
-        sys.exit(f"{run}/eval: needs finished evaluations of the warm start (version {v0}) and of a later version")
-    a, b = (tally(run / "eval" / f"step-{v:06d}.jsonl.zst") for v in (v0, done[-1]))
-    if a[1] == 0 or b[1] == 0:
-        sys.exit(f"{run}/eval: no graded samples at one end")
-    return v0, done[-1], a, b
+from seeds import diff, evaluations
 
 
 def batches(run):
@@ -66,6 +51,8 @@ def updates(run):
 def arm(run):
     run = pathlib.Path(run)
     v0, v1, a, b = evaluations(run)
+    if v1 == v0:
+        sys.exit(f"{run}/eval: needs finished evaluations of the warm start (version {v0}) and of a later version")
     return dict(run=run, v0=v0, v1=v1, start=a, end=b, batches=batches(run), updates=updates(run))
 
 

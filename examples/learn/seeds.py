@@ -60,6 +60,17 @@ def counts(arg):
             sys.exit(f"{arg}: expected NAME=K0/N0,K1/N1 (rewarded/graded at the warm start, at the end)")
         return name, "-", "-", a, b
     run = pathlib.Path(arg)
+    v0, v1, a, b = evaluations(run)
+    if v1 == v0:
+        print(f"{run}: only the warm start is evaluated so far; skipped", file=sys.stderr)
+        return None
+    return str(run), v0, v1, a, b
+
+
+def evaluations(run):
+    """(v0, v1, (k0, n0), (k1, n1)) of run directory `run`: the warm start's version and the last
+    finished evaluation's, with the rewarded / graded samples of each; the counts are None while
+    the warm start's is the only finished one, v1 == v0 (also read by arms.py)."""
     try:
         v0 = int((run / "warmstart" / "version").read_text().strip())
     except (OSError, ValueError) as e:
@@ -70,12 +81,11 @@ def counts(arg):
         sys.exit(f"{run}/eval: no finished evaluation of the warm start (version {v0})")
     v1 = done[-1]
     if v1 == v0:
-        print(f"{run}: only the warm start is evaluated so far; skipped", file=sys.stderr)
-        return None
+        return v0, v1, None, None
     a, b = (tally(run / "eval" / f"step-{v:06d}.jsonl.zst") for v in (v0, v1))
     if a[1] == 0 or b[1] == 0:
         sys.exit(f"{run}/eval: no graded samples in version {v0 if a[1] == 0 else v1}")
-    return str(run), v0, v1, a, b
+    return v0, v1, a, b
 
 
 def main():

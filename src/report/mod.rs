@@ -46,9 +46,9 @@ pub enum ReportError {
     Assist(String),
 }
 
-/// The error of writing a row of CSV table `name` (the report's tables in `tables`, `harness`,
-/// `pool`).
-fn csv_err(name: &str) -> impl Fn(csv::Error) -> ReportError + '_ {
+/// The error of writing CSV table `name` (a row's `csv::Error`, or the final flush's
+/// `IntoInnerError`), for the report's tables in `tables`, `harness`, `pool`.
+fn csv_err<E: std::fmt::Display>(name: &str) -> impl Fn(E) -> ReportError + '_ {
     move |e| ReportError::Csv {
         table: name.to_string(),
         msg: e.to_string(),
@@ -57,10 +57,7 @@ fn csv_err(name: &str) -> impl Fn(csv::Error) -> ReportError + '_ {
 
 /// The bytes of CSV table `name` once its last row is written.
 fn finish_csv(w: csv::Writer<Vec<u8>>, name: &str) -> Result<Vec<u8>, ReportError> {
-    w.into_inner().map_err(|e| ReportError::Csv {
-        table: name.to_string(),
-        msg: e.to_string(),
-    })
+    w.into_inner().map_err(csv_err(name))
 }
 
 /// Settings of a static report.
