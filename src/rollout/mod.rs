@@ -251,7 +251,6 @@ fn load_inputs(cfg: &RolloutConfig) -> Result<Inputs, RolloutError> {
     let images: Vec<ImageRecord> = read_all(&cfg.images, inputs)?;
     let shard_tasks = cfg.shard.select(&tasks);
     let (usable, tasks_without_image) = usable_tasks(shard_tasks, &images);
-    warn_unknown_workdirs(usable.iter().map(|(t, _)| t));
     let mut image_of: HashMap<String, String> =
         usable.iter().map(|(t, i)| (t.id.clone(), i.clone())).collect();
     let tasks: Vec<Task> = usable.into_iter().map(|(t, _)| t).collect();
@@ -272,26 +271,6 @@ fn load_inputs(cfg: &RolloutConfig) -> Result<Inputs, RolloutError> {
         assignment,
         tasks_without_image,
     })
-}
-
-/// Warns about Harbor tasks whose working directory is unknown: neither task.toml nor a Dockerfile
-/// `WORKDIR` named it (a prebuilt `docker_image`, a compose file, a `WORKDIR` with a variable), so
-/// the agent runs, and its diff is taken, in the default `/testbed` rather than where Harbor would
-/// run it. Set `[environment].workdir` in task.toml (or `environment.workdir` in the task record).
-fn warn_unknown_workdirs<'a>(tasks: impl Iterator<Item = &'a Task>) {
-    let unknown: Vec<&str> = tasks
-        .filter(|t| t.source == crate::records::TaskSource::Harbor && t.environment.workdir.is_none())
-        .map(|t| t.id.as_str())
-        .collect();
-    if let Some(first) = unknown.first() {
-        tracing::warn!(
-            "{} Harbor task(s), e.g. {first}, name no working directory (task.toml [environment].workdir \
-             or a Dockerfile WORKDIR; records from an older filter-tasks lack it: rerun filter-tasks \
-             on the task directories, or set environment.workdir): their agents run and are graded in {}",
-            unknown.len(),
-            crate::sandbox::images::DEFAULT_WORKDIR
-        );
-    }
 }
 
 /// Opens the output for appending (cutting a torn final frame) and reads what it already holds.

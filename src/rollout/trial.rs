@@ -1,7 +1,8 @@
 //! One trial of a rollout: a proxy trial token, the harness rendered for it, a sandbox running it,
 //! and the [`Trajectory`] that comes out.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -14,6 +15,7 @@ use crate::records::{
     Generation, Record, Task, Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS,
     HARNESS_SAMPLING, MALFORMED_TOOL_CALLS, REPLAYS, SAMPLING_OVERRIDES,
 };
+use crate::sandbox::images::{trial_workdir, DEFAULT_WORKDIR};
 use crate::sandbox::{relay, Trial as Sandbox, TrialLimits, TrialResult, RUNTIME_DIR};
 use crate::text::{sh_quote, tail_bytes};
 
@@ -95,16 +97,12 @@ pub struct TrialSpec {
 }
 
 /// Runs one trial to its trajectory; never fails (infrastructure problems become `infra:*`).
-pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
+pub async fn run_trial(shared: Arc<Shared>, mut spec: TrialSpec) -> Trajectory {
     let trial_id = Trajectory::make_id(&spec.task.id, spec.group_id, spec.sample);
+    let workdir = resolve_workdir(&shared, &spec).await;
+    spec.task.environment.workdir = Some(workdir.clone());
     let (token, captures) = shared.proxy.register_trial(&trial_id);
     captures.push_script(shared.forced.script(&spec.task.id, spec.script).to_vec());
-    let workdir = spec
-        .task
-        .environment
-        .workdir
-        .clone()
-        .unwrap_or_else(|| crate::sandbox::images::DEFAULT_WORKDIR.to_string());
     let launch = shared.harness.render(&TrialContext {
         instruction: spec.task.instruction.clone(),
         workdir: workdir.clone(),
@@ -149,6 +147,35 @@ pub async fn run_trial(shared: Arc<Shared>, spec: TrialSpec) -> Trajectory {
     trajectory(&shared, &spec, &workdir, &launch, result, generations)
 }
 
+/// Where the trial's agent works and its diff is taken: see [`trial_workdir`]. The fallback to
+/// the default is warned about once per image; an engine error falls back too (the sandbox's
+/// setup then fails on the same engine and the trial becomes an infra failure).
+async fn resolve_workdir(shared: &Shared, spec: &TrialSpec) -> String {
+    static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    match trial_workdir(&shared.engine, &spec.task, &spec.image).await {
+        Ok((dir, true)) => dir,
+        Ok((dir, false)) => {
+            let first = WARNED
+                .lock()
+                .map(|mut w| w.insert(spec.image.clone()))
+                .unwrap_or(false);
+            if first {
+                tracing::warn!(
+                    "task {}: neither the task nor its image {} names a working directory; the agent \
+                     runs and is graded in {dir}",
+                    spec.task.id,
+                    spec.image
+                );
+            }
+            dir
+        }
+        Err(e) => {
+            tracing::warn!("task {}: {e}; the agent runs in {DEFAULT_WORKDIR}", spec.task.id);
+            DEFAULT_WORKDIR.to_string()
+        }
+    }
+}
+
 /// The trajectory of a finished trial: the sandbox's result refined by the captures (context
 /// limit, turn budget, model-side infrastructure errors) and audit events from the tool calls.
 fn trajectory(
@@ -176,6 +203,7 @@ fn trajectory(
     let mut metadata = serde_json::Map::new();
     metadata.insert("run_id".into(), json!(shared.run_id));
     metadata.insert("image".into(), json!(spec.image));
+    metadata.insert("workdir".into(), json!(workdir));
     if let Some(r) = &spec.reload {
         metadata.insert("reload".into(), json!(r.as_ref()));
     }

@@ -96,6 +96,24 @@ impl Engine {
         }
     }
 
+    /// The working directory `tag`'s config sets (its last `WORKDIR`, inherited ones included), or
+    /// `None` when the engine does not have the image or it sets none. `/` counts as none: a
+    /// trial hands its working tree to the agent user and takes its diff with git, which must
+    /// never span the whole filesystem.
+    pub async fn image_workdir(&self, tag: &str) -> Result<Option<String>, SandboxError> {
+        match self.docker.inspect_image(tag).await {
+            Ok(img) => Ok(img
+                .config
+                .and_then(|c| c.working_dir)
+                .and_then(|d| super::images::usable_workdir(&d))),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(source) => Err(SandboxError::InspectImage {
+                image: tag.to_string(),
+                source,
+            }),
+        }
+    }
+
     /// Builds `tag` from an in-memory tar context; every output line goes to `log`. Returns the image id.
     pub async fn build_image(
         &self,

@@ -22,6 +22,32 @@ use crate::records::{ImageRecord, RepoSource, Task};
 /// Where the repository lives inside SWE-style task images.
 pub const DEFAULT_WORKDIR: &str = "/testbed";
 
+/// `dir` as a trial's working directory: absolute, without a trailing `/`, and not `/` itself (a
+/// trial hands its working tree to the agent user and takes its diff with git, which must never
+/// span the whole filesystem).
+pub fn usable_workdir(dir: &str) -> Option<String> {
+    let dir = dir.trim_end_matches('/');
+    dir.starts_with('/').then(|| dir.to_string())
+}
+
+/// Where a trial of `task` on `image` works: the task's `environment.workdir`, else the working
+/// directory the image sets (its `WORKDIR`, an inherited one included: how Harbor runs a prebuilt
+/// `docker_image`, or a Dockerfile whose final stage names none), else [`DEFAULT_WORKDIR`]. The
+/// second value is false only for that last fallback, which the caller should warn about.
+pub async fn trial_workdir(
+    engine: &Engine,
+    task: &Task,
+    image: &str,
+) -> Result<(String, bool), SandboxError> {
+    if let Some(dir) = &task.environment.workdir {
+        return Ok((dir.clone(), true));
+    }
+    Ok(match engine.image_workdir(image).await? {
+        Some(dir) => (dir, true),
+        None => (DEFAULT_WORKDIR.to_string(), false),
+    })
+}
+
 /// Resolved settings of one build-images run.
 #[derive(Debug, Clone)]
 pub struct BuildSettings {
@@ -354,6 +380,15 @@ pub async fn build_images(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usable_workdirs_are_absolute_and_never_the_root() {
+        assert_eq!(usable_workdir("/app/").as_deref(), Some("/app"));
+        assert_eq!(usable_workdir("/srv/repo").as_deref(), Some("/srv/repo"));
+        for none in ["", "/", "//", "app", "./app"] {
+            assert_eq!(usable_workdir(none), None, "{none:?}");
+        }
+    }
 
     #[test]
     fn slugs_are_docker_safe() {

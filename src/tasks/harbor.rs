@@ -212,10 +212,12 @@ fn environment(
 /// Why: Harbor runs the agent in the image's working directory, and task.toml rarely names it.
 /// Without it the trial would fall back to SWE-bench's /testbed: the agent would work there, the
 /// diff would be taken there, and an answer written to /app would never reach the grader (reward
-/// 0, silently). `None` (the rollout warns, and /testbed is used) when the final stage sets none
-/// (it inherits its base image's, which only the built image knows), when the path uses a build
-/// variable, and for `/`: the trial hands its working tree to the agent user and takes its diff
-/// with git, which must never span the whole filesystem.
+/// 0, silently). `None` when the final stage sets none (it inherits its base image's, which only
+/// the built image knows), when the path uses a build variable, and for `/` (the trial hands its
+/// working tree to the agent user and takes its diff with git, which must never span the whole
+/// filesystem): a trial then works where the built image's config says
+/// ([`crate::sandbox::images::trial_workdir`]), and in /testbed, with a warning, when it says
+/// nothing.
 ///
 /// Only instruction lines are read: a line continued from the one before (`\` at its end) and the
 /// body of a heredoc (`RUN <<EOF`, `COPY <<-'EOF' /app/main.py`) are an instruction's arguments,

@@ -19,6 +19,7 @@ mod dynamic;
 mod engine;
 mod filter_tasks;
 mod gpu_check;
+mod harbor_workdir;
 mod harnesses;
 mod hybrid;
 mod hybrid_checkpoint;

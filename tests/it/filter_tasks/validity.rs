@@ -1,13 +1,17 @@
 //! The validity stage on the real Docker engine: the testdata tasks (6 SWE-style, 2 Harbor) are
 //! kept; `invalid.jsonl`'s broken grader (its FAIL_TO_PASS test passes without the fix) is
 //! rejected as `passes_without_fix`, and its flaky task (a set-order test in PASS_TO_PASS) is
-//! rejected at one run and named `flaky` with `--validity-runs 3`. Images come from
-//! `build-images` through the CLI. Skipped without Docker unless `CI` is set.
+//! rejected at one run and named `flaky` with `--validity-runs 3`; a Harbor task whose working
+//! directory only its image names is checked there. Images come from `build-images` through the CLI. Skipped without Docker unless `CI` is set.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use lego_rl::io::{read_all, ReadOptions};
+use lego_rl::records::{ImageRecord, Task};
+use lego_rl::sandbox::images::{trial_workdir, DEFAULT_WORKDIR};
+use lego_rl::sandbox::Engine;
 use serde_json::Value;
 
 use super::{filter, read_jsonl, testdata};
@@ -256,4 +260,47 @@ fn validity_runs_detect_a_flaky_test() {
     let csv = std::fs::read_to_string(&funnel).unwrap();
     assert!(csv.contains("validity,3,2,1,flaky,1\n"), "{csv}");
     assert_eq!(read_jsonl(&out).len(), 2);
+}
+
+/// A Harbor task whose working directory only its image knows: the Dockerfile's final stage
+/// inherits `WORKDIR /app` from an earlier stage (as from a prebuilt base), and neither task.toml
+/// nor the record names it. The solution writes `hello.txt` where it runs and the verifier reads
+/// `/app/hello.txt`, so the task is valid only when the trial works where the image says (Harbor's
+/// behaviour). Without that it ran in /testbed and was rejected as `gold_does_not_resolve`.
+#[test]
+fn validity_runs_a_harbor_task_in_the_working_directory_its_image_sets() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (input, images) = crate::harbor_workdir::task_and_images(dir.path());
+    // What rollout's trials use: the image's WORKDIR; the base image sets none (the default).
+    let record: Vec<ImageRecord> = read_all(&images, ReadOptions::default()).unwrap();
+    let task_record: Task = read_all(&input, ReadOptions::default()).unwrap().remove(0);
+    let rt = crate::sandbox::rt();
+    let engine = rt.block_on(Engine::connect()).expect("engine");
+    let workdir = |image: &str| rt.block_on(trial_workdir(&engine, &task_record, image)).unwrap();
+    assert_eq!(workdir(&record[0].image), ("/app".to_string(), true));
+    assert_eq!(
+        workdir("lego-rl/base:trixie"),
+        (DEFAULT_WORKDIR.to_string(), false)
+    );
+    let out = dir.path().join("kept.jsonl");
+    let decisions = dir.path().join("decisions.jsonl");
+    let args = [
+        "-o",
+        out.to_str().unwrap(),
+        "--decisions",
+        decisions.to_str().unwrap(),
+        "--stages",
+        "validity",
+        "--images",
+        images.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = filter(&[input], &args);
+    assert_eq!(code, 0, "{stderr}");
+    let dec = read_jsonl(&decisions);
+    let d = decision(&dec, crate::harbor_workdir::ID);
+    assert_eq!(d["kept"], true, "{d}\n{stdout}");
+    assert_eq!(read_jsonl(&out).len(), 1);
 }

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::io::{read_all, ReadOptions};
 use crate::records::{Grader, ImageRecord, Task};
+use crate::sandbox::images::trial_workdir;
 use crate::sandbox::tar::TarBuilder;
 use crate::sandbox::trial::install_signal_sweep;
 use crate::sandbox::{Engine, SandboxError, Trial, TrialLimits};
@@ -191,9 +192,15 @@ impl Validator {
             .map_err(|e| ("sandbox_error".to_string(), json!({"error": e.to_string()})))?;
         let n = self.trials.fetch_add(1, Ordering::Relaxed);
         let task = &c.task;
+        // Checked where an agent would work: the task's workdir, else its image's.
+        let (workdir, _) = trial_workdir(&self.engine, task, image)
+            .await
+            .map_err(|e| ("sandbox_error".to_string(), json!({"error": e.to_string()})))?;
+        let mut with_workdir = task.clone();
+        with_workdir.environment.workdir = Some(workdir);
         let mut trial = Trial::new(
             self.engine.clone(),
-            task.clone(),
+            with_workdir,
             c.dir.clone(),
             image.to_string(),
             &self.run_id,
