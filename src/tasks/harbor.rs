@@ -17,6 +17,7 @@ use serde_json::{json, Map, Value};
 
 use super::TaskError;
 use crate::records::{Environment, Grader, Task, TaskSource, Timeouts};
+use crate::sandbox::images::usable_workdir;
 
 /// Whether `dir` looks like a Harbor task directory.
 pub fn is_task_dir(dir: &Path) -> bool {
@@ -253,7 +254,7 @@ fn dockerfile_workdir(dockerfile: &str) -> Option<String> {
             dir = if path.contains('$') || path.is_empty() {
                 None
             } else if path.starts_with('/') {
-                Some(path.trim_end_matches('/').to_string()).filter(|p| !p.is_empty())
+                usable_workdir(path)
             } else {
                 dir.map(|d| format!("{}/{path}", d.trim_end_matches('/')))
             };
