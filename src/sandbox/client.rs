@@ -97,9 +97,8 @@ impl Engine {
     }
 
     /// The working directory `tag`'s config sets (its last `WORKDIR`, inherited ones included), or
-    /// `None` when the engine does not have the image or it sets none. `/` counts as none: a
-    /// trial hands its working tree to the agent user and takes its diff with git, which must
-    /// never span the whole filesystem.
+    /// `None` when the engine does not have the image or it sets none that
+    /// [`super::images::usable_workdir`] accepts (`/` is not).
     pub async fn image_workdir(&self, tag: &str) -> Result<Option<String>, SandboxError> {
         match self.docker.inspect_image(tag).await {
             Ok(img) => Ok(img

@@ -2,7 +2,8 @@
 //! kept; `invalid.jsonl`'s broken grader (its FAIL_TO_PASS test passes without the fix) is
 //! rejected as `passes_without_fix`, and its flaky task (a set-order test in PASS_TO_PASS) is
 //! rejected at one run and named `flaky` with `--validity-runs 3`; a Harbor task whose working
-//! directory only its image names is checked there. Images come from `build-images` through the CLI. Skipped without Docker unless `CI` is set.
+//! directory only its image names is checked there. Images come from `build-images` through the
+//! CLI. Skipped without Docker unless `CI` is set.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
