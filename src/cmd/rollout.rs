@@ -139,9 +139,19 @@ pub struct RolloutArgs {
     /// pin in train mode, honor in eval mode.
     #[arg(long, value_enum)]
     pub harness_sampling: Option<HarnessSampling>,
-    /// Nucleus sampling.
-    #[arg(long)]
+    /// Nucleus sampling: the fewest most likely tokens whose mass reaches P (0 < P <= 1).
+    #[arg(long, value_parser = probability_above_zero)]
     pub top_p: Option<f64>,
+    /// Top-k sampling: the K most likely tokens (tokens tied with the K-th stay, as in vLLM).
+    /// Qwen's recommended sampling is --temperature 0.6 --top-k 20 --top-p 0.95 (thinking).
+    /// Recorded in every generation and recomputed by train-step like the temperature.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Min-p sampling: drop the tokens less likely than P times the most likely one (0 <= P <= 1;
+    /// applied after the temperature, before top-k and top-p, as vLLM does). Recorded and
+    /// recomputed like the temperature.
+    #[arg(long, value_parser = probability)]
+    pub min_p: Option<f64>,
     /// Default max output tokens per call (requests may override it).
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: u32,
@@ -277,6 +287,8 @@ pub fn run(args: RolloutArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
         sampling: Sampling {
             temperature: Some(temperature),
             top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p.filter(|&p| p > 0.0),
             max_tokens: Some(args.max_tokens),
             seed: args.seed,
             ..Default::default()
@@ -390,5 +402,25 @@ mod tests {
         assert_eq!(harness_sampling(Mode::Eval, None), HarnessSampling::Honor);
         let told = Some(HarnessSampling::Honor);
         assert_eq!(harness_sampling(Mode::Train, told), HarnessSampling::Honor);
+    }
+}
+
+/// A probability in [0, 1].
+fn probability(s: &str) -> Result<f64, String> {
+    let p: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is outside [0, 1]"))
+    }
+}
+
+/// A probability in (0, 1].
+fn probability_above_zero(s: &str) -> Result<f64, String> {
+    let p = probability(s)?;
+    if p > 0.0 {
+        Ok(p)
+    } else {
+        Err("0 keeps no token; use a value in (0, 1]".into())
     }
 }

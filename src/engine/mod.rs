@@ -180,7 +180,7 @@ pub(crate) fn distribution_fields(s: &crate::records::Sampling) -> [(&'static st
         ("temperature", json!(s.temperature.unwrap_or(1.0))),
         ("top_p", json!(s.top_p.unwrap_or(1.0))),
         ("top_k", json!(s.top_k.map_or(-1, i64::from))),
-        ("min_p", json!(0.0)),
+        ("min_p", json!(s.min_p.unwrap_or(0.0))),
         ("repetition_penalty", json!(1.0)),
         ("presence_penalty", json!(0.0)),
         ("frequency_penalty", json!(0.0)),

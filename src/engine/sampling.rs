@@ -1,17 +1,22 @@
 //! Choosing the next token of a sequence from its next-token logits: greedy, plain temperature
-//! sampling, and top-k / top-p over the most likely candidates, with the sequence's own seeded
-//! rng. Split from the embedded engine's worker ([`super::embedded`]), which records the choice.
+//! sampling, and min-p / top-k / top-p over the most likely candidates, with the sequence's own
+//! seeded rng. Split from the embedded engine's worker ([`super::embedded`]), which records the
+//! choice.
+//!
+//! The processed distribution (min-p, top-k, top-p) is the one sampling rule of lego-rl,
+//! [`crate::model::sampled::log_softmax`], called on the row: the engine draws from it and
+//! records its log-probs, and the trainer recomputes them with the same function, so the two
+//! cannot disagree on which tokens are in the support (ties at a boundary included).
 
 use rand::Rng;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::GenerateRequest;
+use crate::model::sampled::{self, Processing};
 
-/// Per-worker buffers of a step: the log-softmax row of a top-k / top-p sequence and the
-/// probabilities of a plain-temperature one.
+/// Per-worker buffer of a step: the probabilities of the distribution a sequence draws from.
 #[derive(Default)]
 pub(super) struct Scratch {
-    logp: Vec<f32>,
     probs: Vec<f32>,
 }
 
@@ -22,20 +27,18 @@ fn copy_into(t: &Tensor, buf: &mut Vec<f32>) {
     t.copy_data(&mut buf[..], numel);
 }
 
-/// Samples the next token of `req` from its next-token logits (`row`, a CPU float tensor, and
-/// their logsumexp `lse`) with `rng`; returns it with its log-prob under the distribution it was
+/// Samples the next token of `req` from its next-token logits (`row`, a CPU float tensor) with
+/// `rng`; returns it with its log-prob under the distribution it was
 /// drawn from when that is not the model's own (see [`forced_logprob`]): tempered, and
-/// renormalised over the top-k / top-p support. `None`: the model's own distribution
+/// renormalised over the min-p / top-k / top-p support. `None`: the model's own distribution
 /// (temperature 1, the whole vocabulary) or greedy decoding, whose log-prob the caller takes
 /// from the row.
 ///
-/// Only what the choice needs leaves libtorch: the vectorized argmax for greedy decoding, the
-/// tempered softmax for plain temperature sampling, the whole log-softmax row only for top-k /
-/// top-p.
+/// Only what the choice needs leaves libtorch: the vectorized argmax for greedy decoding, one
+/// probability row otherwise.
 pub(super) fn choose(
     req: &GenerateRequest,
     row: &Tensor,
-    lse: f32,
     rng: &mut rand::rngs::StdRng,
     scratch: &mut Scratch,
 ) -> (u32, Option<f32>) {
@@ -50,24 +53,21 @@ pub(super) fn choose(
         // Temperature 0 (or below 1e-6): the mode, picked by argmax.
         None if req.sampling.is_greedy() => (row.argmax(0, false).int64_value(&[]) as u32, None),
         None => {
-            copy_into(&(row - f64::from(lse)), &mut scratch.logp);
-            let (next, logprob) = sample(&scratch.logp, req, rng);
-            (next, Some(logprob))
+            // The support with the mode as "next": the mode is in every support anyway.
+            let mode = row.argmax(0, false).int64_value(&[]) as u32;
+            let lsm = processed(req, row, mode);
+            copy_into(&lsm.exp(), &mut scratch.probs);
+            let next = sample_probs(&scratch.probs, rng);
+            (next, Some(lsm.double_value(&[next as i64]) as f32))
         }
     }
 }
 
 /// The log-prob of a forced `token` under the distribution `req` samples from, when that is not
 /// the model's own (`None`, as for [`choose`]). Its support is the sampler's plus `token`: a
-/// scripted token outside the top-k / top-p support would otherwise have probability 0, and the
-/// trainer recomputes every recorded token with the same rule (src/model/sampled.rs).
-pub(super) fn forced_logprob(
-    req: &GenerateRequest,
-    row: &Tensor,
-    lse: f32,
-    token: u32,
-    scratch: &mut Scratch,
-) -> Option<f32> {
+/// scripted token outside the min-p / top-k / top-p support would otherwise have probability
+/// 0, and the trainer recomputes every recorded token with the same rule and function.
+pub(super) fn forced_logprob(req: &GenerateRequest, row: &Tensor, token: u32) -> Option<f32> {
     if !req.sampling.is_processed() || (token as i64) >= row.size()[0] {
         return None;
     }
@@ -76,18 +76,31 @@ pub(super) fn forced_logprob(
             let lsm = (row / f64::from(t)).log_softmax(-1, Kind::Float);
             Some(lsm.double_value(&[token as i64]) as f32)
         }
-        None => {
-            copy_into(&(row - f64::from(lse)), &mut scratch.logp);
-            Some(Support::of(&scratch.logp, req).logprob_of(token, &scratch.logp))
-        }
+        None => Some(processed(req, row, token).double_value(&[token as i64]) as f32),
     }
 }
 
-/// The temperature when sampling is plain temperature sampling (no top-k, no top-p < 1).
+/// The rule's processed log-probs of `row` under `req`'s sampling, `next` in the support.
+fn processed(req: &GenerateRequest, row: &Tensor, next: u32) -> Tensor {
+    let s = &req.sampling;
+    let proc = Processing::single(
+        s.temperature.unwrap_or(1.0) as f32,
+        s.top_k.map_or(0, i64::from),
+        s.top_p.map_or(2.0, |p| p as f32),
+        s.min_p.map_or(0.0, |p| p as f32),
+        Device::Cpu,
+    );
+    let next = Tensor::from_slice(&[i64::from(next)]);
+    sampled::log_softmax(&row.unsqueeze(0), &next, Some(&proc)).squeeze_dim(0)
+}
+
+/// The temperature when sampling is plain temperature sampling (no top-k, no top-p < 1, no
+/// min-p).
 fn plain_temperature(req: &GenerateRequest) -> Option<f32> {
     let s = &req.sampling;
     let top_k = s.top_k.filter(|&k| k > 0);
-    (!s.is_greedy() && top_k.is_none() && s.top_p.is_none_or(|p| p >= 1.0))
+    let min_p = s.min_p.filter(|&p| p > 0.0);
+    (!s.is_greedy() && top_k.is_none() && min_p.is_none() && s.top_p.is_none_or(|p| p >= 1.0))
         .then_some(s.temperature.unwrap_or(1.0) as f32)
 }
 
@@ -102,140 +115,6 @@ fn sample_probs(probs: &[f32], rng: &mut impl Rng) -> u32 {
         u -= p;
     }
     argmax(probs)
-}
-
-/// The candidates a top-k / top-p sampler draws from: the tempered log-probs, the most likely
-/// `keep` first (sorted), with the softmax's `max` and normalizer `total` over the top-k.
-struct Support {
-    cand: Vec<(u32, f32)>,
-    keep: usize,
-    max: f32,
-    total: f32,
-    temperature: f32,
-    /// Probability of each kept candidate (over the top-k) and their sum.
-    probs: Vec<f32>,
-    kept: f32,
-}
-
-impl Support {
-    fn of(logp: &[f32], req: &GenerateRequest) -> Support {
-        let s = &req.sampling;
-        let temperature = s.temperature.unwrap_or(1.0) as f32;
-        let mut cand: Vec<(u32, f32)> = logp
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l / temperature))
-            .collect();
-        if let Some(k) = s.top_k.map(|k| k as usize).filter(|&k| k > 0 && k < cand.len()) {
-            cand.select_nth_unstable_by(k - 1, desc);
-            cand.truncate(k);
-        }
-        let (max, total) = softmax_norm(&cand);
-        let keep = match s.top_p.filter(|&p| p < 1.0) {
-            Some(top_p) => nucleus(&mut cand, max, total, top_p as f32),
-            None => {
-                cand.sort_unstable_by(desc);
-                cand.len()
-            }
-        };
-        let probs: Vec<f32> = cand[..keep].iter().map(|c| (c.1 - max).exp() / total).collect();
-        let kept = probs.iter().sum();
-        Support {
-            cand,
-            keep,
-            max,
-            total,
-            temperature,
-            probs,
-            kept,
-        }
-    }
-
-    /// Index (into the kept candidates) of one draw.
-    fn draw(&self, rng: &mut impl Rng) -> usize {
-        let mut u: f32 = rng.gen::<f32>() * self.kept;
-        for (i, p) in self.probs.iter().enumerate() {
-            if u < *p {
-                return i;
-            }
-            u -= p;
-        }
-        self.keep - 1
-    }
-
-    /// Log-prob of the `i`-th kept candidate, renormalised over the support.
-    fn logprob_at(&self, i: usize) -> f32 {
-        (self.probs[i] / self.kept).ln()
-    }
-
-    /// Log-prob of `token` renormalised over the support plus `token` (`logp`: the untempered
-    /// row the support was made from).
-    fn logprob_of(&self, token: u32, logp: &[f32]) -> f32 {
-        match self.cand[..self.keep].iter().position(|c| c.0 == token) {
-            Some(i) => self.logprob_at(i),
-            None => {
-                let p = (logp[token as usize] / self.temperature - self.max).exp() / self.total;
-                (p / (self.kept + p)).ln()
-            }
-        }
-    }
-}
-
-/// Greedy, or top-k / top-p sampling over the most likely candidates, sorted (plain temperature
-/// sampling is [`sample_probs`]); returns the token and its log-prob renormalised over the
-/// support (0 for greedy).
-fn sample(logp: &[f32], req: &GenerateRequest, rng: &mut impl Rng) -> (u32, f32) {
-    if req.sampling.is_greedy() {
-        return (argmax(logp), 0.0);
-    }
-    let support = Support::of(logp, req);
-    let i = support.draw(rng);
-    (support.cand[i].0, support.logprob_at(i))
-}
-
-/// The largest logit and `sum(exp(logit - max))`, the softmax's normalizer (summed in f64: the
-/// row has ~152k terms).
-fn softmax_norm(cand: &[(u32, f32)]) -> (f32, f32) {
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let total = cand.iter().map(|c| f64::from((c.1 - max).exp())).sum::<f64>() as f32;
-    (max, total)
-}
-
-/// Descending by (tempered) logit; equal logits by token id, so the order (and the draw) does
-/// not depend on how the candidates were partitioned before the sort.
-fn desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
-
-/// Top-p: sorts the most likely candidates to the front and returns how many of them make the
-/// nucleus, the fewest whose probability (`exp(logit - max) / total`) reaches `top_p`.
-///
-/// A trained policy's nucleus is a handful of tokens out of ~152k, so sorting the whole row for
-/// every token (what this replaced: O(V log V) per token) is mostly wasted: this sorts a prefix
-/// picked by `select_nth_unstable_by` (linear) and grows it 8x while its mass falls short,
-/// sorting the whole row only once the prefix would pass an eighth of it (a flat, untrained
-/// distribution). `scripts/bench/decode.sh 128 5 1 64 1.0 0.95` compares it with transformers.
-/// The result is the full sort's: the same candidates in the same order, the same cumulative sums.
-fn nucleus(cand: &mut [(u32, f32)], max: f32, total: f32, top_p: f32) -> usize {
-    let n = cand.len();
-    let mut k = 64.min(n);
-    loop {
-        if k < n {
-            cand.select_nth_unstable_by(k - 1, desc);
-        }
-        cand[..k].sort_unstable_by(desc);
-        let mut acc = 0.0;
-        if let Some(i) = cand[..k].iter().position(|c| {
-            acc += (c.1 - max).exp() / total;
-            acc >= top_p
-        }) {
-            return i + 1;
-        }
-        if k == n {
-            return n;
-        }
-        k = if k * 8 > n / 8 { n } else { k * 8 };
-    }
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -271,9 +150,9 @@ mod sampling_tests {
     }
 
     /// Pearson's chi-square of the draws against `q`; a draw where `q` is 0 fails at once.
-    fn chi_square(mut draw: impl FnMut() -> u32, q: &[f64]) -> f64 {
+    fn chi_square(mut draw: impl FnMut() -> u32, q: &[f64], draws: usize) -> f64 {
         let mut counts = vec![0usize; q.len()];
-        for _ in 0..DRAWS {
+        for _ in 0..draws {
             counts[draw() as usize] += 1;
         }
         counts
@@ -284,7 +163,7 @@ mod sampling_tests {
                     assert_eq!(c, 0, "drew an entry outside the support");
                     0.0
                 } else {
-                    let e = q * DRAWS as f64;
+                    let e = q * draws as f64;
                     (c as f64 - e).powi(2) / e
                 }
             })
@@ -313,7 +192,7 @@ mod sampling_tests {
             let q = target(t, P.len());
             let probs: Vec<f32> = q.iter().map(|&x| x as f32).collect();
             let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-            let chi2 = chi_square(|| sample_probs(&probs, &mut rng), &q);
+            let chi2 = chi_square(|| sample_probs(&probs, &mut rng), &q, DRAWS);
             // 4 degrees of freedom: 18.47 at p = 0.001.
             assert!(chi2 < 18.47, "T={t}: chi-square {chi2}");
         }
@@ -327,114 +206,90 @@ mod sampling_tests {
         }
     }
 
-    /// What `nucleus` replaced: the whole row sorted, the nucleus its shortest prefix reaching
-    /// `top_p`.
-    fn nucleus_by_full_sort(cand: &[(u32, f32)], max: f32, total: f32, top_p: f32) -> Vec<u32> {
-        let mut all = cand.to_vec();
-        all.sort_unstable_by(desc);
-        let mut acc = 0.0;
-        let keep = all
-            .iter()
-            .position(|c| {
-                acc += (c.1 - max).exp() / total;
-                acc >= top_p
-            })
-            .map_or(all.len(), |i| i + 1);
-        all[..keep].iter().map(|c| c.0).collect()
+    /// The probabilities `req` draws from on `row` (the rule's processed row).
+    fn drawn_from(req: &GenerateRequest, row: &Tensor) -> Vec<f64> {
+        let mode = row.argmax(0, false).int64_value(&[]) as u32;
+        Vec::<f64>::try_from(processed(req, row, mode).exp().to_kind(Kind::Double)).unwrap()
     }
 
-    #[test]
-    fn nucleus_is_the_full_sorts_prefix_on_peaked_and_flat_rows() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        let n = 50_000;
-        let mut sizes = Vec::new();
-        // Gaussian logits (Box-Muller) times a scale: flat (1) to peaked (12), so the nucleus is
-        // found in the first 64, in a grown prefix, and only by sorting the whole row.
-        for scale in [1.0f32, 3.0, 6.0, 12.0] {
-            let row: Vec<(u32, f32)> = (0..n)
-                .map(|i| {
-                    let (u, v): (f32, f32) = (rng.gen::<f32>().max(1e-12), rng.gen());
-                    let z = (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos();
-                    (i as u32, scale * z)
-                })
-                .collect();
-            let (max, total) = softmax_norm(&row);
-            for top_p in [0.5, 0.9, 0.95, 0.999] {
-                let want = nucleus_by_full_sort(&row, max, total, top_p);
-                let mut cand = row.clone();
-                let keep = nucleus(&mut cand, max, total, top_p);
-                let got: Vec<u32> = cand[..keep].iter().map(|c| c.0).collect();
-                assert_eq!(got, want, "scale {scale}, top-p {top_p}");
-                sizes.push(keep);
-            }
+    fn close(got: &[f64], want: &[f64]) {
+        for (a, b) in got.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{got:?} vs {want:?}");
         }
-        assert!(sizes.iter().any(|&k| k <= 64), "{sizes:?}");
-        assert!(sizes.iter().any(|&k| k > 64 && k <= n / 8), "{sizes:?}");
-        assert!(sizes.iter().any(|&k| k > n / 8), "{sizes:?}");
     }
 
     #[test]
     fn top_k_top_p_and_greedy_draw_from_the_truncated_distribution() {
-        let logp = logp();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        // top-k 2: the two most likely, renormalised (1 degree of freedom: 10.83).
-        let req = request(1.0, Some(2), None);
-        let chi2 = chi_square(|| sample(&logp, &req, &mut rng).0, &target(1.0, 2));
-        assert!(chi2 < 10.83, "top-k: chi-square {chi2}");
+        let row = Tensor::from_slice(&logp());
+        // top-k 2: the two most likely, renormalised.
+        close(&drawn_from(&request(1.0, Some(2), None), &row), &target(1.0, 2));
         // top-p 0.8: the smallest prefix reaching 0.8 is 0.5 + 0.25 + 0.125.
-        let req = request(1.0, None, Some(0.8));
-        let chi2 = chi_square(|| sample(&logp, &req, &mut rng).0, &target(1.0, 3));
-        assert!(chi2 < 13.82, "top-p: chi-square {chi2}");
+        close(&drawn_from(&request(1.0, None, Some(0.8)), &row), &target(1.0, 3));
         // Temperature before truncation: at T=2 the weights flatten to .343 .243 .172 .121 .121,
-        // so top-p 0.8 keeps four.
-        let req = request(2.0, None, Some(0.8));
-        let chi2 = chi_square(|| sample(&logp, &req, &mut rng).0, &target(2.0, 4));
-        assert!(chi2 < 16.27, "T=2, top-p: chi-square {chi2}");
+        // so top-p 0.8 keeps four: tokens 3 and 4 tie at the boundary, and one of them stays.
+        close(&drawn_from(&request(2.0, None, Some(0.8)), &row), &target(2.0, 4));
+        // top-k 4 keeps both ties (vLLM's and transformers' `logits < kth`): five tokens.
+        close(&drawn_from(&request(1.0, Some(4), None), &row), &target(1.0, 5));
+        // The draws come from that distribution (sample_probs is chi-square tested above).
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut scratch = Scratch::default();
+        let req = request(1.0, Some(2), None);
+        let chi2 = chi_square(
+            || choose(&req, &row, &mut rng, &mut scratch).0,
+            &target(1.0, 2),
+            20_000,
+        );
+        assert!(chi2 < 10.83, "top-k: chi-square {chi2}");
         // Temperature 0 is greedy.
         let req = request(0.0, None, None);
-        assert!((0..1000).all(|_| sample(&logp, &req, &mut rng).0 == 0));
+        assert!((0..100).all(|_| choose(&req, &row, &mut rng, &mut scratch).0 == 0));
     }
 
     /// The log-prob recorded with each draw is that of the distribution drawn from: tempered,
     /// renormalised over the support; a forced token outside the support is scored over the
-    /// support plus itself; the model's own distribution records nothing (the caller's raw
-    /// log-prob).
+    /// support plus itself, one tied with the boundary as its equal; the model's own
+    /// distribution records nothing (the caller's raw log-prob).
     #[test]
     fn recorded_logprobs_are_those_of_the_distribution_drawn_from() {
-        let logp = logp();
-        let row = Tensor::from_slice(&logp);
+        let row = Tensor::from_slice(&logp());
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let mut scratch = Scratch::default();
         // T=2, top-p 0.8: four tokens kept (see above).
         let req = request(2.0, None, Some(0.8));
         let q = target(2.0, 4);
         for _ in 0..50 {
-            let (next, lp) = choose(&req, &row, 0.0, &mut rng, &mut scratch);
+            let (next, lp) = choose(&req, &row, &mut rng, &mut scratch);
             let want = q[next as usize].ln();
             assert!(
                 (f64::from(lp.unwrap()) - want).abs() < 1e-5,
                 "{next}: {lp:?} vs {want}"
             );
-            let forced = forced_logprob(&req, &row, 0.0, next, &mut scratch).unwrap();
+            let forced = forced_logprob(&req, &row, next).unwrap();
             assert!((f64::from(forced) - want).abs() < 1e-5);
         }
-        // Token 4 is outside the nucleus (it ties with 3, which the id order puts first): scored
-        // over the four kept plus itself.
-        let w: Vec<f64> = P.iter().map(|p| p.powf(0.5)).collect();
-        let want = (w[4] / (w[0] + w[1] + w[2] + w[3] + w[4])).ln();
-        let got = forced_logprob(&request(2.0, None, Some(0.8)), &row, 0.0, 4, &mut scratch).unwrap();
+        // Token 4 ties with token 3 at the nucleus's boundary: it takes 3's place, with 3's
+        // probability (the engine gave it w4 / (w0..w4), 0.129 nats less, before the one rule).
+        let got = forced_logprob(&req, &row, 4).unwrap();
+        assert!(
+            (f64::from(got) - q[3].ln()).abs() < 1e-5,
+            "{got} vs {}",
+            q[3].ln()
+        );
+        // Below the boundary (top-p 0.6 at T=1 keeps two): scored over the two plus itself.
+        let got = forced_logprob(&request(1.0, None, Some(0.6)), &row, 3).unwrap();
+        let want = (P[3] / (P[0] + P[1] + P[3])).ln();
         assert!((f64::from(got) - want).abs() < 1e-5, "{got} vs {want}");
         // Plain temperature: log-softmax(logits / T).
         let req = request(0.5, None, None);
         let q = target(0.5, P.len());
-        let (next, lp) = choose(&req, &row, 0.0, &mut rng, &mut scratch);
+        let (next, lp) = choose(&req, &row, &mut rng, &mut scratch);
         assert!((f64::from(lp.unwrap()) - q[next as usize].ln()).abs() < 1e-5);
-        let got = forced_logprob(&req, &row, 0.0, 3, &mut scratch).unwrap();
+        let got = forced_logprob(&req, &row, 3).unwrap();
         assert!((f64::from(got) - q[3].ln()).abs() < 1e-5);
         // The model's own distribution and greedy decoding: nothing recorded here.
         for req in [request(1.0, None, None), request(0.0, None, None)] {
-            assert_eq!(choose(&req, &row, 0.0, &mut rng, &mut scratch).1, None);
-            assert_eq!(forced_logprob(&req, &row, 0.0, 1, &mut scratch), None);
+            assert_eq!(choose(&req, &row, &mut rng, &mut scratch).1, None);
+            assert_eq!(forced_logprob(&req, &row, 1), None);
         }
     }
 }

@@ -384,13 +384,13 @@ fn advance(tokenizer: Option<&ChatTokenizer>, seq: &mut Seq, row: &Tensor, lse: 
     let n = seq.output.len();
     let (next, processed) = match &seq.req.forced_output {
         Some(forced) => match forced.get(n) {
-            Some(&t) => (t, forced_logprob(&seq.req, row, lse, t, scratch)),
+            Some(&t) => (t, forced_logprob(&seq.req, row, t)),
             None => {
                 seq.finish = Some(FinishReason::Stop);
                 return;
             }
         },
-        None => choose(&seq.req, row, lse, &mut seq.rng, scratch),
+        None => choose(&seq.req, row, &mut seq.rng, scratch),
     };
     let logprob = match processed {
         Some(lp) => lp,

@@ -57,16 +57,9 @@ pub(crate) async fn messages(state: Arc<State>, trial: Arc<Trial>, body: Bytes, 
         Err(e) => return error_response(Api::Anthropic, &e),
     };
     let opts = RenderOptions::generation(conv.thinking);
+    // temperature, top_p and top_k are read from the raw request by
+    // `harness_sampling::enforce`, as for OpenAI's API.
     let mut s: Sampling = state.cfg.sampling.clone();
-    if let Some(t) = req.temperature {
-        s.temperature = Some(t);
-    }
-    if let Some(p) = req.top_p {
-        s.top_p = Some(p);
-    }
-    if let Some(k) = req.top_k {
-        s.top_k = Some(k);
-    }
     if let Some(m) = req.max_tokens {
         s.max_tokens = Some(m.min(s.max_tokens.unwrap_or(u32::MAX)));
     }

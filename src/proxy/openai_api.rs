@@ -20,18 +20,11 @@ use crate::chat::{RenderOptions, StreamEvent};
 use crate::records::Sampling;
 
 fn sampling(state: &State, req: &ChatCompletionRequest) -> Sampling {
+    // The distribution's fields (temperature, top_p, top_k, min_p, seed, penalties) are read
+    // from the raw request by `harness_sampling::enforce`, for both APIs alike.
     let mut s = state.cfg.sampling.clone();
-    if let Some(t) = req.temperature {
-        s.temperature = Some(t);
-    }
-    if let Some(p) = req.top_p {
-        s.top_p = Some(p);
-    }
     if let Some(m) = req.max_tokens {
         s.max_tokens = Some(m.min(s.max_tokens.unwrap_or(u32::MAX)));
-    }
-    if let Some(seed) = req.seed {
-        s.seed = Some(seed);
     }
     s.stop = req.stop.clone().map_or_else(Vec::new, StringOrList::into_vec);
     s
@@ -240,15 +233,6 @@ pub(crate) async fn completions(state: Arc<State>, trial: Arc<Trial>, body: Byte
         .as_u64()
         .map_or(16, |m| m.min(u32::MAX as u64) as u32);
     s.max_tokens = Some(max.min(s.max_tokens.unwrap_or(u32::MAX)));
-    if let Some(t) = raw["temperature"].as_f64() {
-        s.temperature = Some(t);
-    }
-    if let Some(p) = raw["top_p"].as_f64() {
-        s.top_p = Some(p);
-    }
-    if let Some(seed) = raw["seed"].as_u64() {
-        s.seed = Some(seed);
-    }
     s.stop = match &raw["stop"] {
         Value::String(x) => vec![x.clone()],
         Value::Array(v) => v.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),

@@ -131,8 +131,10 @@ pub struct VersionRun {
 
 /// From policy token `start` (an index into `rollout_logprobs`) up to the next run's start, the
 /// tokens were drawn with these settings: logits divided by `temperature`, restricted to the
-/// `top_k` most likely (0: no limit), then to the fewest most likely whose renormalised mass
-/// reaches `top_p` (1: no limit), renormalised. A run with temperature 1, no top-k and top-p 1
+/// tokens at least `min_p` times as likely as the most likely one (0: no limit), then to the
+/// `top_k` most likely (0: no limit; tokens tied with the k-th stay), then to the fewest most
+/// likely whose renormalised mass reaches `top_p` (1: no limit), renormalised: vLLM's rule, in
+/// vLLM's order (src/model/sampled.rs). A run with temperature 1, no top-k, top-p 1 and no min-p
 /// returns to the model's own distribution. Why runs and not a value per token: a sample's
 /// turns share one sampling unless a harness changes it between requests.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
@@ -143,6 +145,12 @@ pub struct SamplingRun {
     pub top_k: u32,
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub top_p: f64,
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub min_p: f64,
+}
+
+fn is_zero_f64(p: &f64) -> bool {
+    *p == 0.0
 }
 
 fn is_zero(k: &u32) -> bool {
@@ -167,6 +175,7 @@ impl SamplingRun {
                 temperature: 1.0,
                 top_k: 0,
                 top_p: 1.0,
+                min_p: 0.0,
             };
         }
         SamplingRun {
@@ -174,17 +183,19 @@ impl SamplingRun {
             temperature: sampling.temperature.unwrap_or(1.0),
             top_k: sampling.top_k.unwrap_or(0),
             top_p: sampling.top_p.filter(|&p| p < 1.0).unwrap_or(1.0),
+            min_p: sampling.min_p.filter(|&p| p > 0.0).unwrap_or(0.0),
         }
     }
 
     /// Whether this run draws from the model's own distribution.
     pub fn is_model(&self) -> bool {
-        self.temperature == 1.0 && self.top_k == 0 && self.top_p >= 1.0
+        self.temperature == 1.0 && self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
 
     /// Whether two runs draw from the same distribution (their starts aside).
     pub fn same_distribution(&self, other: &SamplingRun) -> bool {
-        (self.temperature, self.top_k, self.top_p) == (other.temperature, other.top_k, other.top_p)
+        (self.temperature, self.top_k, self.top_p, self.min_p)
+            == (other.temperature, other.top_k, other.top_p, other.min_p)
     }
 }
 

@@ -104,6 +104,10 @@ pub struct Sampling {
     pub top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
+    /// Drop the tokens whose probability is below `min_p` × the most likely one's (after the
+    /// temperature, before top-k and top-p: vLLM's order, src/model/sampled.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,13 +122,16 @@ impl Sampling {
 
     /// Whether these values sample from a distribution other than the model's own: a
     /// temperature other than 1 (and above [`Self::GREEDY_BELOW`]: greedy decoding samples
-    /// nothing), a top-k, or a top-p below 1. Tokens drawn so have the log-prob of that
+    /// nothing), a top-k, a top-p below 1, or a min-p above 0. Tokens drawn so have the log-prob of that
     /// tempered, truncated and renormalised distribution only when the engine records it
     /// ([`Generation::processed_logprobs`]).
     pub fn is_processed(&self) -> bool {
         let t = self.temperature.unwrap_or(1.0);
         t > Self::GREEDY_BELOW
-            && (t != 1.0 || self.top_k.is_some_and(|k| k > 0) || self.top_p.is_some_and(|p| p < 1.0))
+            && (t != 1.0
+                || self.top_k.is_some_and(|k| k > 0)
+                || self.top_p.is_some_and(|p| p < 1.0)
+                || self.min_p.is_some_and(|p| p > 0.0))
     }
 
     /// Whether these values decode greedily (temperature at or below [`Self::GREEDY_BELOW`]).

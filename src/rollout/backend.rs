@@ -272,9 +272,9 @@ pub(super) fn check_behaviour_logprobs(
         return Ok(());
     }
     let why = if harness_sampling == HarnessSampling::Honor {
-        "--harness-sampling honor lets a harness choose a temperature or top-p"
+        "--harness-sampling honor lets a harness choose a temperature, top-p, top-k or min-p"
     } else if sampling.is_processed() {
-        "the rollout sampling (--temperature / --top-p) is not temperature 1 over the whole vocabulary"
+        "the rollout sampling (--temperature / --top-p / --top-k / --min-p) is not temperature 1 over the whole vocabulary"
     } else {
         return Ok(());
     };

@@ -27,13 +27,23 @@ pub struct Seq {
     pub pred_at: Vec<i64>,
     /// Rollout log-probs of those policy tokens.
     pub rollout_lp: Vec<f32>,
-    /// Per policy token, the distribution it was drawn from when not the model's own:
-    /// (temperature, top-k or 0, top-p or 2: see [`Processing`]); empty when every token was.
-    pub sampled: Vec<(f32, i64, f32)>,
+    /// Per policy token, the distribution it was drawn from when not the model's own; empty
+    /// when every token was.
+    pub sampled: Vec<Draw>,
     /// `[rows, moe_layers, k]` recorded expert ids, rows = T or T−1.
     pub routing: Option<(usize, Vec<i64>)>,
     /// (policy version, policy tokens it generated), in token order ([`Sample::policy_versions`]).
     pub versions: Vec<(u64, usize)>,
+}
+
+/// The distribution one policy token was drawn from, as the head's [`Processing`] holds it:
+/// top-k 0, top-p 2 (no float sum reaches it) and min-p 0 where there is none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub temperature: f32,
+    pub top_k: i64,
+    pub top_p: f32,
+    pub min_p: f32,
 }
 
 /// One trajectory (all its segments share s_i and A_i).
@@ -210,6 +220,17 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
             ),
         ));
     }
+    if let Some(j) = rollout_lp.iter().position(|l| !l.is_finite()) {
+        return Err(bad(
+            path,
+            r,
+            &s.id,
+            format!(
+                "rollout_logprobs[{j}] is {}: a sampled token's log-prob is finite",
+                rollout_lp[j]
+            ),
+        ));
+    }
     let sampled = sampled_from(&s.sampling, pred_at.len())
         .map_err(|m| bad(path, r, &s.id, format!("sampling: {m}")))?;
     let versions =
@@ -286,8 +307,8 @@ fn versions_of(s: &Sample, n: usize) -> Result<Vec<(u64, usize)>, String> {
 
 /// Expands a sample's sampling runs over its `n` policy tokens (empty when every token was drawn
 /// from the model's own distribution), checking them: starts in increasing order below `n`, a
-/// temperature above greedy decoding, a top-p in (0, 1].
-fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<(f32, i64, f32)>, String> {
+/// temperature above greedy decoding, a top-p in (0, 1], a min-p in [0, 1].
+fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<Draw>, String> {
     if runs.iter().all(SamplingRun::is_model) {
         return Ok(Vec::new());
     }
@@ -309,12 +330,20 @@ fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<(f32, i64, f32)>, 
         if !(run.top_p > 0.0 && run.top_p <= 1.0) {
             return Err(format!("run {i}: top_p {} is outside (0, 1]", run.top_p));
         }
+        if !(0.0..=1.0).contains(&run.min_p) {
+            return Err(format!("run {i}: min_p {} is outside [0, 1]", run.min_p));
+        }
         let top_p = if run.top_p < 1.0 {
             run.top_p as f32
         } else {
             NO_TOP_P
         };
-        out[start..end].fill((run.temperature as f32, i64::from(run.top_k), top_p));
+        out[start..end].fill(Draw {
+            temperature: run.temperature as f32,
+            top_k: i64::from(run.top_k),
+            top_p,
+            min_p: run.min_p as f32,
+        });
     }
     Ok(out)
 }
@@ -323,7 +352,12 @@ fn sampled_from(runs: &[SamplingRun], n: usize) -> Result<Vec<(f32, i64, f32)>, 
 const NO_TOP_P: f32 = 2.0;
 
 /// A token drawn from the model's own distribution, as [`Seq::sampled`] holds it.
-const MODEL: (f32, i64, f32) = (1.0, 0, NO_TOP_P);
+const MODEL: Draw = Draw {
+    temperature: 1.0,
+    top_k: 0,
+    top_p: NO_TOP_P,
+    min_p: 0.0,
+};
 
 /// The head's [`Processing`] of the scored positions of micro-batch `mb` (in the order
 /// `Trainer::inputs` lays them out: each sequence's `pred_at` in turn), or `None` when every
@@ -332,7 +366,7 @@ pub fn processing(seqs: &[Seq], mb: &[usize], device: Device) -> Option<Processi
     if mb.iter().all(|&i| seqs[i].sampled.is_empty()) {
         return None;
     }
-    let (mut t, mut k, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut t, mut k, mut p, mut m) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for &i in mb {
         let s = &seqs[i];
         let own;
@@ -342,10 +376,11 @@ pub fn processing(seqs: &[Seq], mb: &[usize], device: Device) -> Option<Processi
         } else {
             &s.sampled
         };
-        for &(a, b, c) in rows {
-            t.push(a);
-            k.push(b);
-            p.push(c);
+        for d in rows {
+            t.push(d.temperature);
+            k.push(d.top_k);
+            p.push(d.top_p);
+            m.push(d.min_p);
         }
     }
     let on = |v: Tensor| v.to_device(device);
@@ -353,6 +388,7 @@ pub fn processing(seqs: &[Seq], mb: &[usize], device: Device) -> Option<Processi
         temperature: on(Tensor::from_slice(&t)),
         top_k: k.iter().any(|&x| x > 0).then(|| on(Tensor::from_slice(&k))),
         top_p: p.iter().any(|&x| x < 1.0).then(|| on(Tensor::from_slice(&p))),
+        min_p: m.iter().any(|&x| x > 0.0).then(|| on(Tensor::from_slice(&m))),
     })
 }
 
@@ -433,18 +469,28 @@ mod tests {
             temperature,
             top_k,
             top_p,
+            min_p: 0.0,
+        };
+        let draw = |temperature, top_k, top_p| Draw {
+            temperature,
+            top_k,
+            top_p,
+            min_p: 0.0,
         };
         assert!(sampled_from(&[], 3).unwrap().is_empty());
         assert!(sampled_from(&[run(0, 1.0, 0, 1.0)], 3).unwrap().is_empty());
         assert_eq!(
             sampled_from(&[run(1, 0.5, 4, 0.9), run(2, 1.0, 0, 1.0)], 3).unwrap(),
-            vec![(1.0, 0, NO_TOP_P), (0.5, 4, 0.9), (1.0, 0, NO_TOP_P)]
+            vec![draw(1.0, 0, NO_TOP_P), draw(0.5, 4, 0.9), draw(1.0, 0, NO_TOP_P)]
         );
         let err = |runs: &[SamplingRun]| sampled_from(runs, 3).unwrap_err();
         assert!(err(&[run(3, 0.5, 0, 1.0)]).contains("run 0 covers policy tokens 3..3"));
         assert!(err(&[run(2, 0.5, 0, 1.0), run(1, 0.7, 0, 1.0)]).contains("run 0 covers"));
         assert!(err(&[run(0, 0.0, 0, 1.0)]).contains("temperature 0"));
         assert!(err(&[run(0, 0.5, 0, 0.0)]).contains("top_p 0 is outside"));
+        let mut min_p = run(0, 0.5, 0, 1.0);
+        min_p.min_p = 1.5;
+        assert!(err(&[min_p]).contains("min_p 1.5 is outside"));
     }
 
     #[test]

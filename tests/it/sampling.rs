@@ -194,6 +194,7 @@ async fn honoured_sampling_records_and_trains_the_tempered_nucleus_it_drew_from(
         temperature: 0.3,
         top_k: 0,
         top_p: 0.5,
+        min_p: 0.0,
     };
     assert_eq!(samples[0].sampling, vec![run]);
 
