@@ -293,3 +293,7 @@ mod sampling_tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "sampling_rule_tests.rs"]
+mod sampling_rule_tests;
