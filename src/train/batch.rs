@@ -20,6 +20,8 @@ use super::TrainError;
 /// One packed-able training sequence.
 #[derive(Debug, Clone)]
 pub struct Seq {
+    /// The sample's id (for errors that name it).
+    pub id: String,
     /// Index of the trajectory in [`Batch::trajs`].
     pub traj: usize,
     pub tokens: Vec<i64>,
@@ -267,6 +269,7 @@ fn to_seq(s: &Sample, cfg: &Config, moe_layers: usize, path: &Path, r: usize) ->
         _ => None,
     };
     Ok(Seq {
+        id: s.id.clone(),
         traj: 0,
         tokens: s.token_ids.iter().map(|&t| t as i64).collect(),
         pred_at,

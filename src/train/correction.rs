@@ -24,6 +24,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::batch::Batch;
+use super::TrainError;
 use crate::records::StepMetrics;
 
 /// One correction of `--is-correction`.
@@ -98,7 +99,7 @@ pub struct CorrectionStats {
     pub sequences: u64,
     /// Tokens masked by the token mask (within sequences no sequence mask dropped).
     pub masked_tokens: u64,
-    /// Sequences dropped by the sequence or geometric mask.
+    /// Sequences (trajectories: see [`weights`]) dropped by the sequence or geometric mask.
     pub masked_sequences: u64,
     /// Tokens whose weight is zero for any reason (a masked token or a masked sequence's).
     pub zero_weight_tokens: u64,
@@ -122,20 +123,32 @@ impl CorrectionStats {
     }
 }
 
-/// Per-token weights of every sequence: `old[i][j]` is π_old's log-prob of loss token j of
-/// sequence i, `rollout[i][j]` the recorded one. Without corrections every weight is 1.
+/// Per-token weights of every sequence (a trajectory's segment): `old[i][j]` is π_old's log-prob
+/// of loss token j of sequence i, `rollout[i][j]` the recorded one, `traj[i]` the trajectory the
+/// sequence belongs to. Without corrections every weight is 1.
+///
+/// The sequence masks decide per trajectory, over all its segments' tokens: GSPO's sequence
+/// ratio is the trajectory's (a trajectory compaction split into segments is one sequence to it),
+/// so a mask that kept one segment and dropped another would compute that ratio over a part of
+/// the trajectory. Statistics count trajectories as sequences for the same reason.
+///
+/// A non-finite log-ratio (a NaN or infinite log-prob on either side) is an error naming the
+/// sequence and token (`Err((i, j, value))`): it would otherwise get weight 1 or the TIS cap.
 pub fn weights(
     s: &CorrectionSettings,
     old: &[Vec<f64>],
     rollout: &[&[f32]],
-) -> (Vec<Vec<f64>>, CorrectionStats) {
+    traj: &[usize],
+) -> Result<(Vec<Vec<f64>>, CorrectionStats), (usize, usize, f64)> {
     let has = |c| s.kinds.contains(&c);
     let mut stats = CorrectionStats::default();
     let (mut sum, mut sum_sq) = (0.0, 0.0);
-    let mut out = Vec::with_capacity(old.len());
-    for (o, r) in old.iter().zip(rollout) {
+    let mut log_ratios = Vec::with_capacity(old.len());
+    for (i, (o, r)) in old.iter().zip(rollout).enumerate() {
         let log_ratio: Vec<f64> = o.iter().zip(r.iter()).map(|(&o, &r)| o - f64::from(r)).collect();
-        stats.sequences += 1;
+        if let Some(j) = log_ratio.iter().position(|l| !l.is_finite()) {
+            return Err((i, j, log_ratio[j]));
+        }
         stats.tokens += log_ratio.len() as u64;
         for &l in &log_ratio {
             sum += l;
@@ -143,17 +156,42 @@ pub fn weights(
             stats.log_ratio_min = Some(stats.log_ratio_min.map_or(l, |m| m.min(l)));
             stats.log_ratio_max = Some(stats.log_ratio_max.map_or(l, |m| m.max(l)));
         }
-        let outside = |l: f64| {
-            let rho = l.exp();
-            rho < s.mask_low || rho > s.mask_high
-        };
-        let seq_masked = (has(Correction::SeqMask) && log_ratio.iter().any(|&l| outside(l)))
-            || (has(Correction::GeoMask) && !log_ratio.is_empty() && {
-                let geo = (log_ratio.iter().sum::<f64>() / log_ratio.len() as f64).exp();
-                geo < s.geo_low || geo > s.geo_high
-            });
-        if seq_masked {
-            stats.masked_sequences += 1;
+        log_ratios.push(log_ratio);
+    }
+    let outside = |l: f64| {
+        let rho = l.exp();
+        rho < s.mask_low || rho > s.mask_high
+    };
+    // Per trajectory: any token outside the band, Σ log ρ, token count.
+    let n_traj = traj.iter().max().map_or(0, |&t| t + 1);
+    let mut per_traj = vec![(false, 0.0, 0usize); n_traj];
+    for (lr, &t) in log_ratios.iter().zip(traj) {
+        let e = &mut per_traj[t];
+        e.0 |= lr.iter().any(|&l| outside(l));
+        e.1 += lr.iter().sum::<f64>();
+        e.2 += lr.len();
+    }
+    let masked: Vec<bool> = per_traj
+        .iter()
+        .map(|&(any_outside, total, n)| {
+            (has(Correction::SeqMask) && any_outside)
+                || (has(Correction::GeoMask) && n > 0 && {
+                    let geo = (total / n as f64).exp();
+                    geo < s.geo_low || geo > s.geo_high
+                })
+        })
+        .collect();
+    let mut seen = vec![false; n_traj];
+    for &t in traj {
+        if !seen[t] {
+            seen[t] = true;
+            stats.sequences += 1;
+            stats.masked_sequences += masked[t] as u64;
+        }
+    }
+    let mut out = Vec::with_capacity(old.len());
+    for (log_ratio, &t) in log_ratios.iter().zip(traj) {
+        if masked[t] {
             stats.zero_weight_tokens += log_ratio.len() as u64;
             out.push(vec![0.0; log_ratio.len()]);
             continue;
@@ -184,7 +222,7 @@ pub fn weights(
         let mean = sum / n;
         stats.log_ratio_std = Some((sum_sq / n - mean * mean).max(0.0).sqrt());
     }
-    (out, stats)
+    Ok((out, stats))
 }
 
 /// [`weights`] of a step's sequences, against π_old (`old`, one row per sequence of `batch`).
@@ -192,9 +230,15 @@ pub(super) fn for_batch(
     c: &CorrectionSettings,
     batch: &Batch,
     old: &[Vec<f64>],
-) -> (Vec<Vec<f64>>, CorrectionStats) {
+) -> Result<(Vec<Vec<f64>>, CorrectionStats), TrainError> {
     let rollout: Vec<&[f32]> = batch.seqs.iter().map(|q| q.rollout_lp.as_slice()).collect();
-    weights(c, old, &rollout)
+    let traj: Vec<usize> = batch.seqs.iter().map(|q| q.traj).collect();
+    weights(c, old, &rollout, &traj).map_err(|(i, token, value)| TrainError::NonFiniteSample {
+        what: "log-ratio log π_old − log π_rollout",
+        sample: batch.seqs[i].id.clone(),
+        token,
+        value,
+    })
 }
 
 /// The step's `is_*` metrics (only when a correction is on).
@@ -236,7 +280,8 @@ mod tests {
     fn run(kinds: &[Correction], ratios: &[&[f64]]) -> (Vec<Vec<f64>>, CorrectionStats) {
         let (old, rollout) = crafted(ratios);
         let r: Vec<&[f32]> = rollout.iter().map(Vec::as_slice).collect();
-        weights(&settings(kinds), &old, &r)
+        let traj: Vec<usize> = (0..ratios.len()).collect();
+        weights(&settings(kinds), &old, &r, &traj).unwrap()
     }
 
     fn close(a: &[Vec<f64>], b: &[&[f64]]) {
@@ -298,7 +343,8 @@ mod tests {
             geo_high: 1.05,
             ..settings(&[Correction::GeoMask])
         };
-        close(&weights(&s, &old, &r).0, &[&[0.0; 4], &[1.0; 3], &[1.0; 3]]);
+        let traj = [0, 1, 2];
+        close(&weights(&s, &old, &r, &traj).unwrap().0, &[&[0.0; 4], &[1.0; 3], &[1.0; 3]]);
     }
 
     #[test]
@@ -313,6 +359,46 @@ mod tests {
             &RATIOS,
         );
         close(&w, &[&[0.0; 4], &[1.0; 3], &[0.0; 3]]);
+    }
+
+    /// A trajectory compaction split into two segments is one sequence to the masks: a token
+    /// outside the band in one segment drops both, and the geometric mean is the trajectory's.
+    #[test]
+    fn sequence_masks_decide_per_trajectory_over_all_its_segments() {
+        // Trajectory 0 = segments 0 and 1; trajectory 1 = segment 2.
+        let ratios: [&[f64]; 3] = [&[3.0, 1.0], &[1.0, 1.0], &[1.0, 1.0]];
+        let (old, rollout) = crafted(&ratios);
+        let r: Vec<&[f32]> = rollout.iter().map(Vec::as_slice).collect();
+        let traj = [0, 0, 1];
+        let (w, st) = weights(&settings(&[Correction::SeqMask]), &old, &r, &traj).unwrap();
+        close(&w, &[&[0.0; 2], &[0.0; 2], &[1.0; 2]]);
+        assert_eq!((st.sequences, st.masked_sequences, st.zero_weight_tokens), (2, 1, 4));
+        // Geometric: segment 0 alone is (3 · 1)^(1/2) = 1.73, but trajectory 0 is
+        // (3 · 1 · 1 · 1)^(1/4) = 1.32: outside [0.99, 1.01] either way. Inside [0.5, 1.5], the
+        // trajectory stays while the segment alone would have gone: per segment, segment 0 is
+        // dropped and segment 1 kept.
+        let geo = CorrectionSettings {
+            geo_low: 0.5,
+            geo_high: 1.5,
+            ..settings(&[Correction::GeoMask])
+        };
+        let (w, st) = weights(&geo, &old, &r, &traj).unwrap();
+        close(&w, &[&[1.0; 2], &[1.0; 2], &[1.0; 2]]);
+        assert_eq!(st.masked_sequences, 0);
+        let per_segment = weights(&geo, &old, &r, &[0, 1, 2]).unwrap().0;
+        close(&per_segment, &[&[0.0; 2], &[1.0; 2], &[1.0; 2]]);
+    }
+
+    #[test]
+    fn a_non_finite_log_ratio_is_an_error_naming_its_sequence_and_token() {
+        let (mut old, rollout) = crafted(&RATIOS);
+        old[1][2] = f64::NAN;
+        let r: Vec<&[f32]> = rollout.iter().map(Vec::as_slice).collect();
+        let err = weights(&settings(&[Correction::Tis]), &old, &r, &[0, 1, 2]).unwrap_err();
+        assert_eq!((err.0, err.1), (1, 2));
+        assert!(err.2.is_nan());
+        // Without a correction too: no NaN ρ is ever weighed.
+        assert!(weights(&settings(&[]), &old, &r, &[0, 1, 2]).is_err());
     }
 
     #[test]

@@ -5,11 +5,15 @@ use crate::records::{Record, Sample, StepMetrics};
 
 use super::batch::Batch;
 
-/// Pearson correlation; `None` with fewer than 2 points or zero variance.
+/// Pearson correlation; `None` with fewer than 2 points or zero variance, NaN when a value is
+/// not finite (a figure that was computed from a NaN is NaN, never "not measured").
 pub fn pearson(a: &[f64], b: &[f64]) -> Option<f64> {
     let n = a.len().min(b.len());
     if n < 2 {
         return None;
+    }
+    if a.iter().chain(b).any(|x| !x.is_finite()) {
+        return Some(f64::NAN);
     }
     let (ma, mb) = (a.iter().sum::<f64>() / n as f64, b.iter().sum::<f64>() / n as f64);
     let (mut sab, mut saa, mut sbb) = (0.0, 0.0, 0.0);
@@ -47,7 +51,12 @@ pub fn mean_std(v: &[f64]) -> Option<(f64, f64)> {
 
 /// Pearson, largest |Δ| and mean k3 KL of rollout (`ro`) vs trainer (`tr`) log-probs.
 pub fn agreement(ro: &[f64], tr: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let max_abs = ro.iter().zip(tr).map(|(a, b)| (a - b).abs()).reduce(f64::max);
+    // Not `f64::max`, which drops a NaN.
+    let max_abs = ro
+        .iter()
+        .zip(tr)
+        .map(|(a, b)| (a - b).abs())
+        .reduce(|m, d| if d.is_nan() || d > m { d } else { m });
     let kl = (!ro.is_empty()).then(|| {
         ro.iter()
             .zip(tr)
@@ -146,6 +155,9 @@ mod tests {
     fn statistics_on_known_values() {
         assert!((pearson(&[1.0, 2.0, 3.0], &[2.0, 4.0, 6.5]).unwrap() - 0.99795).abs() < 1e-4);
         assert_eq!(pearson(&[1.0, 1.0], &[1.0, 2.0]), None);
+        assert!(pearson(&[1.0, f64::NAN, 3.0], &[1.0, 2.0, 3.0]).unwrap().is_nan());
+        let (r, max_abs, kl) = agreement(&[-1.0, f64::NAN, -2.0], &[-1.0, -1.5, -2.0]);
+        assert!(r.unwrap().is_nan() && max_abs.unwrap().is_nan() && kl.unwrap().is_nan());
         assert_eq!(median(vec![3.0, 1.0, 2.0, 10.0]), Some(2.5));
         assert_eq!(mean_std(&[1.0, 3.0]), Some((2.0, 1.0)));
     }

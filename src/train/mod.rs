@@ -60,6 +60,13 @@ pub enum TrainError {
     Freeze { pattern: String, msg: String },
     #[error("non-finite {what} ({value}); no update written")]
     NonFinite { what: &'static str, value: f64 },
+    #[error("non-finite {what} ({value}) at policy token {token} of sample `{sample}`; no update written")]
+    NonFiniteSample {
+        what: &'static str,
+        sample: String,
+        token: usize,
+        value: f64,
+    },
     #[error("{0}")]
     Torch(#[from] tch::TchError),
     #[error(transparent)]

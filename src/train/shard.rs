@@ -207,6 +207,7 @@ mod tests {
     fn shards_are_whole_balanced_and_cover_everything() {
         // Trajectory 0 has two segments (10 + 2 tokens), 1 has 8, 2 has 5, 3 has 4.
         let seq = |traj, n| Seq {
+            id: String::new(),
             traj,
             tokens: vec![1; n],
             pred_at: vec![],

@@ -285,7 +285,8 @@ impl Trainer {
             seconds = started.elapsed().as_secs_f64(),
             "π_old recomputed (pass 1)"
         );
-        let (is_weights, is_stats) = super::correction::for_batch(&s.corrections(), &batch, &old);
+        finite_logprobs(&batch, &old, "π_old log-prob (pass 1)")?;
+        let (is_weights, is_stats) = super::correction::for_batch(&s.corrections(), &batch, &old)?;
         let n_groups = batch.groups.len();
         let updates = s.updates.clamp(1, n_groups.max(1));
         let per_update = n_groups.div_ceil(updates);
@@ -316,6 +317,9 @@ impl Trainer {
                     &format!("log-probs before update {}", u + 1),
                 )?
             };
+            if u > 0 {
+                finite_logprobs(&batch, &cur, "log-prob before an update")?;
+            }
             let mut terms = terms_of(&batch, &in_chunk);
             for &i in &idx {
                 accumulate(&mut terms[batch.seqs[i].traj], &cur[i], &old[i], &is_weights[i]);
@@ -460,6 +464,22 @@ impl Trainer {
 /// What [`Trainer::score`] returns: per-sequence log-probs (empty for sequences not scored),
 /// (Σ entropy, count) of the sampled positions, and (equal, compared) expert sets.
 type Scored = (Vec<Vec<f64>>, (f64, f64), (i64, i64));
+
+/// A non-finite log-prob of the trainer's (`lp`, per sequence of `batch`) stops the step, naming
+/// the sample and the token: every figure and weight computed from it would be NaN or hidden.
+fn finite_logprobs(batch: &Batch, lp: &[Vec<f64>], what: &'static str) -> Result<(), TrainError> {
+    for (seq, row) in batch.seqs.iter().zip(lp) {
+        if let Some(j) = row.iter().position(|l| !l.is_finite()) {
+            return Err(TrainError::NonFiniteSample {
+                what,
+                sample: seq.id.clone(),
+                token: j,
+                value: row[j],
+            });
+        }
+    }
+    Ok(())
+}
 
 /// The objective's per-trajectory terms of one update: the trajectories of `in_chunk` contribute
 /// (if they can), the others weigh nothing.

@@ -49,10 +49,13 @@ impl Op {
         }
     }
     fn ok(self, value: f64, threshold: f64) -> bool {
-        match self {
-            Op::AtLeast => value >= threshold,
-            Op::AtMost => value <= threshold,
-        }
+        // A non-finite figure fails whatever the direction: −∞ is not a KL at most 0.01, and a
+        // NaN compares false either way by accident, not by rule.
+        value.is_finite()
+            && match self {
+                Op::AtLeast => value >= threshold,
+                Op::AtMost => value <= threshold,
+            }
     }
     /// The worse of two values.
     fn worse(self, a: f64, b: f64) -> bool {

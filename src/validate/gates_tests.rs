@@ -351,3 +351,22 @@ fn a_harness_with_few_trajectories_is_not_judged_alone_on_rate_gates() {
     let p = gate(&judge(&h, &GateConfig::default()), "logprob_pearson").clone();
     assert_eq!((p.value, p.passed), (Some(0.9), false), "{p:?}");
 }
+
+/// A figure that is not finite fails its gate in either direction: a NaN Pearson (computed from a
+/// NaN log-prob) is not "not measured", and a −∞ KL is not under its bound.
+#[test]
+fn a_non_finite_figure_fails_its_gate() {
+    for (pearson, kl) in [(f64::NAN, 0.0), (0.999, f64::NEG_INFINITY), (0.999, f64::NAN)] {
+        let mut h = Health::default();
+        h.metrics.push(StepMetrics {
+            step: 1,
+            logprob_pearson: Some(pearson),
+            logprob_kl: Some(kl),
+            routing_replay: Some(true),
+            ..Default::default()
+        });
+        let g = judge(&h, &GateConfig::default());
+        let (p, k) = (gate(&g, "logprob_pearson"), gate(&g, "logprob_kl"));
+        assert_eq!((p.passed, k.passed), (pearson.is_finite(), kl.is_finite()), "{p:?} {k:?}");
+    }
+}

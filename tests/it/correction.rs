@@ -15,7 +15,7 @@ use super::train::{sample, settings};
 
 /// Two groups of two 12-token sequences, 8 loss tokens each, whose rollout log-probs are the
 /// model's own (ρ = 1 up to float noise).
-fn samples(model: &Model) -> Vec<Sample> {
+pub(super) fn samples(model: &Model) -> Vec<Sample> {
     let seq = |i: i64| -> Vec<i64> { (0..12).map(|t| (t * 131 + i * 977 + 1) % 4096).collect() };
     vec![
         sample(model, "a", 0, &seq(0), 4, 1.0, 1.0),
@@ -26,14 +26,14 @@ fn samples(model: &Model) -> Vec<Sample> {
 }
 
 /// Adds `shift[j]` to the rollout log-prob of loss token j (ρ = π_old/π_rollout = exp(-shift)).
-fn shift(s: &mut Sample, f: impl Fn(usize) -> f32) {
+pub(super) fn shift(s: &mut Sample, f: impl Fn(usize) -> f32) {
     let lp: Vec<f32> = s.rollout_logprobs.to_f32().unwrap();
     let lp: Vec<f32> = lp.iter().enumerate().map(|(j, l)| l + f(j)).collect();
     s.rollout_logprobs = Packed::f32_vec(&lp);
 }
 
 /// The test settings without weight decay (which moves parameters even without a gradient).
-fn with(kinds: &[Correction], geo: (f64, f64)) -> Settings {
+pub(super) fn with(kinds: &[Correction], geo: (f64, f64)) -> Settings {
     let mut s = settings();
     s.optim.weight_decay = 0.0;
     Settings {

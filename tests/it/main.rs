@@ -11,6 +11,7 @@ mod cli;
 mod cli_flags;
 mod common;
 mod correction;
+mod correction_grad;
 mod dist;
 mod dist_ep;
 mod dist_train;
