@@ -912,7 +912,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__rollout)
-            opts="-i -o -j -v -q -h -V --input --images --harness --harness-mix --backend --vllm-python --vllm-arg --vllm-ready-timeout --reload-tolerance --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --reload-in-flight --mode --temperature --harness-sampling --top-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --prefix-cache-bytes --min-informative-groups --max-extra-groups --task-pool --pool-order --verbose --quiet --no-progress --strict --help --version"
+            opts="-i -o -j -v -q -h -V --input --images --harness --harness-mix --backend --vllm-python --vllm-arg --vllm-ready-timeout --reload-tolerance --chat-model --output --group-size --concurrency --shard --epochs --first-group --max-trajectories --follow --max-staleness --reload-in-flight --mode --temperature --harness-sampling --top-p --top-k --min-p --max-tokens --seed --max-turns --agent-timeout --max-context --forced --run-id --base-image --cache-dir --device --prefix-cache-bytes --min-informative-groups --max-extra-groups --task-pool --pool-order --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1019,6 +1019,14 @@ _lego__rl() {
                     return 0
                     ;;
                 --top-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-p)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
