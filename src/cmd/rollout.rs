@@ -157,7 +157,8 @@ pub struct RolloutArgs {
     pub max_tokens: u32,
     /// Sampling seed for reproducible runs: each model call samples with this seed mixed with
     /// its trial id and call index, so a rerun samples the same while the members of a group
-    /// still differ. A seed sent by the harness itself is used as is.
+    /// still differ. A seed sent by the harness itself is used as is under --harness-sampling
+    /// honor, and ignored (and recorded) under pin.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Turn budget (overrides the adapter's max_turns).

@@ -205,7 +205,7 @@ fn prepare_inner(
     // A configured seed (`rollout --seed`) is mixed with the trial id and the call index: a run is
     // reproducible, yet the members of a group and a trial's successive calls sample differently
     // (one seed for every call would make a group's identical first prompts sample identically).
-    // A seed the request sends itself is used as is.
+    // A seed the request sends itself is used as is under honor (under pin `enforce` resets it).
     let mut sampling = sampling;
     let ignored_sampling = super::harness_sampling::enforce(
         state.cfg.harness_sampling,

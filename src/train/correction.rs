@@ -344,7 +344,10 @@ mod tests {
             ..settings(&[Correction::GeoMask])
         };
         let traj = [0, 1, 2];
-        close(&weights(&s, &old, &r, &traj).unwrap().0, &[&[0.0; 4], &[1.0; 3], &[1.0; 3]]);
+        close(
+            &weights(&s, &old, &r, &traj).unwrap().0,
+            &[&[0.0; 4], &[1.0; 3], &[1.0; 3]],
+        );
     }
 
     #[test]
@@ -372,7 +375,10 @@ mod tests {
         let traj = [0, 0, 1];
         let (w, st) = weights(&settings(&[Correction::SeqMask]), &old, &r, &traj).unwrap();
         close(&w, &[&[0.0; 2], &[0.0; 2], &[1.0; 2]]);
-        assert_eq!((st.sequences, st.masked_sequences, st.zero_weight_tokens), (2, 1, 4));
+        assert_eq!(
+            (st.sequences, st.masked_sequences, st.zero_weight_tokens),
+            (2, 1, 4)
+        );
         // Geometric: segment 0 alone is (3 · 1)^(1/2) = 1.73, but trajectory 0 is
         // (3 · 1 · 1 · 1)^(1/4) = 1.32: outside [0.99, 1.01] either way. Inside [0.5, 1.5], the
         // trajectory stays while the segment alone would have gone: per segment, segment 0 is

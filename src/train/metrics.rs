@@ -52,11 +52,11 @@ pub fn mean_std(v: &[f64]) -> Option<(f64, f64)> {
 /// Pearson, largest |Δ| and mean k3 KL of rollout (`ro`) vs trainer (`tr`) log-probs.
 pub fn agreement(ro: &[f64], tr: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
     // Not `f64::max`, which drops a NaN.
-    let max_abs = ro
-        .iter()
-        .zip(tr)
-        .map(|(a, b)| (a - b).abs())
-        .reduce(|m, d| if d.is_nan() || d > m { d } else { m });
+    let max_abs =
+        ro.iter()
+            .zip(tr)
+            .map(|(a, b)| (a - b).abs())
+            .reduce(|m, d| if d.is_nan() || d > m { d } else { m });
     let kl = (!ro.is_empty()).then(|| {
         ro.iter()
             .zip(tr)

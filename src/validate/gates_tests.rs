@@ -367,6 +367,10 @@ fn a_non_finite_figure_fails_its_gate() {
         });
         let g = judge(&h, &GateConfig::default());
         let (p, k) = (gate(&g, "logprob_pearson"), gate(&g, "logprob_kl"));
-        assert_eq!((p.passed, k.passed), (pearson.is_finite(), kl.is_finite()), "{p:?} {k:?}");
+        assert_eq!(
+            (p.passed, k.passed),
+            (pearson.is_finite(), kl.is_finite()),
+            "{p:?} {k:?}"
+        );
     }
 }

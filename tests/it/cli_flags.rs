@@ -28,7 +28,7 @@ fn rollout_rejects_bad_flags_before_any_work() {
     let (out, cache) = (dir.path().join("traj.jsonl.zst"), dir.path().join("cache"));
     let harness = crate::common::root().join("examples/harnesses/mini-swe-agent.toml");
     let ckpt = "embedded:/nonexistent";
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["--backend", ckpt, "--device", "gpu0"],
             "--device gpu0: expected cpu, cuda or cuda:N",
@@ -54,6 +54,10 @@ fn rollout_rejects_bad_flags_before_any_work() {
             &["--backend", ckpt, "--reload-tolerance", "0.1"],
             "--reload-tolerance: only a vLLM backend",
         ),
+        // Sampling values that keep no token or are no probability.
+        (&["--backend", ckpt, "--top-k", "0"], "--top-k <TOP_K>"),
+        (&["--backend", ckpt, "--min-p", "1.5"], "1.5 is outside [0, 1]"),
+        (&["--backend", ckpt, "--top-p", "0"], "0 keeps no token"),
         // Two harnesses split by sample in groups of one: the second would never run.
         (
             &[

@@ -69,7 +69,10 @@ fn a_token_mask_is_the_loss_mask_at_that_token() {
     cut[0].rollout_logprobs = Packed::f32_vec(&lp);
     close(&g_mask, &gradient(&cut, &[]), "token-masked vs loss-masked");
     let plain = gradient(&samples(&model), &[]);
-    assert!(norm(&(&plain - &g_mask)) > 1e-3 * norm(&plain), "the mask changed nothing");
+    assert!(
+        norm(&(&plain - &g_mask)) > 1e-3 * norm(&plain),
+        "the mask changed nothing"
+    );
 }
 
 #[test]
@@ -89,10 +92,21 @@ fn tis_scales_one_tokens_contribution_by_min_rho_and_cap() {
         shift(s, |_| 2.0);
     }
     let g_j = gradient(&only, &[Correction::TokenMask]) / 8.0;
-    assert!(norm(&g_j) > 1e-4 * norm(&base), "token 3's contribution is not negligible");
-    close(&(at(1.5) - &base), &(&g_j * 0.5), "ρ = 1.5: 0.5 × the token's contribution more");
+    assert!(
+        norm(&g_j) > 1e-4 * norm(&base),
+        "token 3's contribution is not negligible"
+    );
+    close(
+        &(at(1.5) - &base),
+        &(&g_j * 0.5),
+        "ρ = 1.5: 0.5 × the token's contribution more",
+    );
     // Above the cap (2): weight 2, whatever ρ.
-    close(&(at(3.0) - &base), &g_j, "ρ = 3 capped at 2: 1 × the token's contribution more");
+    close(
+        &(at(3.0) - &base),
+        &g_j,
+        "ρ = 3 capped at 2: 1 × the token's contribution more",
+    );
 }
 
 #[test]
@@ -116,7 +130,11 @@ fn a_sequence_mask_removes_the_whole_trajectory_every_segment_of_it() {
     // The out-of-band token in the other segment drops the same trajectory, the same way.
     let mut drop_a0 = batch();
     rho_at(&mut drop_a0[0], 5, 0.1);
-    close(&gradient(&drop_a0, &[Correction::SeqMask]), &without_a, "either segment");
+    close(
+        &gradient(&drop_a0, &[Correction::SeqMask]),
+        &without_a,
+        "either segment",
+    );
     // a alone: b, c and d dropped.
     let mut only_a = batch();
     for s in &mut only_a[1..4] {
@@ -124,5 +142,9 @@ fn a_sequence_mask_removes_the_whole_trajectory_every_segment_of_it() {
     }
     let a = gradient(&only_a, &[Correction::SeqMask]);
     assert!(norm(&a) > 1e-3 * norm(&all), "a contributes");
-    close(&(&without_a + &a), &all, "the batch = the batch without a + a alone");
+    close(
+        &(&without_a + &a),
+        &all,
+        "the batch = the batch without a + a alone",
+    );
 }
