@@ -139,6 +139,20 @@ fn vllm_serves_tokens_scores_forced_ones_and_refuses_what_does_not_fit() {
             out_bent.logprobs,
             theirs.logprobs
         );
+        // Qwen's recommended sampling with a min-p on top (rollout --temperature 0.6 --top-k 20
+        // --top-p 0.95 --min-p 0.05): vLLM's processed log-probs are the one rule's
+        // (src/model/sampled.rs), min-p first, as the embedded engine scores the same tokens.
+        let mut qwen = request(ids(12), 8, Some(5));
+        qwen.sampling.temperature = Some(0.6);
+        qwen.sampling.top_k = Some(20);
+        qwen.sampling.top_p = Some(0.95);
+        qwen.sampling.min_p = Some(0.05);
+        let out_qwen = b.generate(qwen.clone()).await.unwrap();
+        qwen.forced_output = Some(out_qwen.output_ids.clone());
+        let theirs = engine.generate(qwen).await.unwrap();
+        let max = max_abs_diff(&out_qwen.logprobs, &theirs.logprobs);
+        eprintln!("vLLM processed log-probs (T 0.6, top-k 20, top-p 0.95, min-p 0.05) vs embedded engine: max |Δ| {max:.3e}");
+        assert!(max < 1e-3, "{max}: {:?} vs {:?}", out_qwen.logprobs, theirs.logprobs);
         // The same seed samples the same tokens.
         let again = b.generate(request(ids(12), 8, Some(3))).await.unwrap();
         assert_eq!(out.output_ids, again.output_ids);
