@@ -393,19 +393,6 @@ fn prefix_cache_line(c: &crate::engine::PrefixCacheStats) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn train_mode_pins_the_harness_sampling_and_eval_honours_it_unless_told() {
-        assert_eq!(harness_sampling(Mode::Train, None), HarnessSampling::Pin);
-        assert_eq!(harness_sampling(Mode::Eval, None), HarnessSampling::Honor);
-        let told = Some(HarnessSampling::Honor);
-        assert_eq!(harness_sampling(Mode::Train, told), HarnessSampling::Honor);
-    }
-}
-
 /// A probability in [0, 1].
 fn probability(s: &str) -> Result<f64, String> {
     let p: f64 = s.parse().map_err(|e| format!("{e}"))?;
@@ -423,5 +410,18 @@ fn probability_above_zero(s: &str) -> Result<f64, String> {
         Ok(p)
     } else {
         Err("0 keeps no token; use a value in (0, 1]".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn train_mode_pins_the_harness_sampling_and_eval_honours_it_unless_told() {
+        assert_eq!(harness_sampling(Mode::Train, None), HarnessSampling::Pin);
+        assert_eq!(harness_sampling(Mode::Eval, None), HarnessSampling::Honor);
+        let told = Some(HarnessSampling::Honor);
+        assert_eq!(harness_sampling(Mode::Train, told), HarnessSampling::Honor);
     }
 }

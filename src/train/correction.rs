@@ -123,6 +123,9 @@ impl CorrectionStats {
     }
 }
 
+/// Where a log-ratio is not finite: (sequence, token, value).
+pub type NonFiniteAt = (usize, usize, f64);
+
 /// Per-token weights of every sequence (a trajectory's segment): `old[i][j]` is π_old's log-prob
 /// of loss token j of sequence i, `rollout[i][j]` the recorded one, `traj[i]` the trajectory the
 /// sequence belongs to. Without corrections every weight is 1.
@@ -139,7 +142,7 @@ pub fn weights(
     old: &[Vec<f64>],
     rollout: &[&[f32]],
     traj: &[usize],
-) -> Result<(Vec<Vec<f64>>, CorrectionStats), (usize, usize, f64)> {
+) -> Result<(Vec<Vec<f64>>, CorrectionStats), NonFiniteAt> {
     let has = |c| s.kinds.contains(&c);
     let mut stats = CorrectionStats::default();
     let (mut sum, mut sum_sq) = (0.0, 0.0);

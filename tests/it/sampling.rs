@@ -88,7 +88,7 @@ async fn pinned_sampling_ignores_a_harness_temperature_and_top_p_and_records_the
     bent["seed"] = json!(99);
 
     // Each on a fresh proxy as trial sampling/0/0's first call: the same rollout seed.
-    let reference = &captures_seeded(HarnessSampling::Pin, Some(5), &[plain.clone()]).await[0];
+    let reference = &captures_seeded(HarnessSampling::Pin, Some(5), std::slice::from_ref(&plain)).await[0];
     let overridden = &captures_seeded(HarnessSampling::Pin, Some(5), &[bent.clone()]).await[0];
     assert!(
         reference.ignored_sampling.is_empty(),
