@@ -497,6 +497,21 @@ mod tests {
     }
 
     #[test]
+    fn a_non_finite_rollout_logprob_is_refused_naming_the_sample_and_token() {
+        let mut a = sample("a", 0, 0, 1.0);
+        a.token_ids = vec![1, 2, 3, 4];
+        a.loss_mask = LossMask::from_dense(&[false, true, true, true]);
+        a.rollout_logprobs = Packed::f32_vec(&[-1.0, f32::NAN, -1.0]);
+        let e = Batch::new(&[a], &Config::tiny(), 0, Path::new("s.jsonl"), 1e-6)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("s.jsonl") && e.contains("a/0/0#0.0") && e.contains("rollout_logprobs[1] is NaN"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn staleness_is_counted_per_token_from_the_version_runs() {
         let run = |start, version| crate::records::VersionRun { start, version };
         let mut a = sample("a", 0, 0, 1.0);

@@ -76,8 +76,8 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// The corrections a step applies: `--is-correction`'s, plus TIS when `--tis-cap` is given
-    /// alone (today's meaning of the flag), capped at `--tis-cap`.
+    /// The corrections a step applies: `--is-correction`'s, plus TIS whenever `--tis-cap` is
+    /// given (alone it means `tis`, its meaning before `--is-correction`), capped at it.
     pub fn corrections(&self) -> CorrectionSettings {
         let mut c = self.correction.clone();
         if let Some(cap) = self.tis_cap {
@@ -87,5 +87,28 @@ impl Settings {
             }
         }
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tis_cap_turns_tis_on_alone_or_beside_other_corrections() {
+        let alone = Settings {
+            tis_cap: Some(3.0),
+            ..Settings::default()
+        };
+        let c = alone.corrections();
+        assert_eq!((c.kinds, c.tis_cap), (vec![Correction::Tis], 3.0));
+        let mut beside = alone.clone();
+        beside.correction.kinds = vec![Correction::TokenMask];
+        assert_eq!(
+            beside.corrections().kinds,
+            [Correction::TokenMask, Correction::Tis]
+        );
+        assert!(Settings::default().corrections().kinds.is_empty());
+        assert_eq!(Settings::default().corrections().tis_cap, 2.0);
     }
 }

@@ -374,3 +374,40 @@ fn a_non_finite_figure_fails_its_gate() {
         );
     }
 }
+
+/// The behaviour-policy gates' default thresholds, as the README states them: the value at the
+/// threshold passes, one past it fails.
+#[test]
+fn behaviour_policy_gates_hold_their_documented_thresholds() {
+    let at = |f: &dyn Fn(&mut StepMetrics)| {
+        let mut m = StepMetrics {
+            step: 1,
+            routing_replay: Some(true),
+            ..Default::default()
+        };
+        f(&mut m);
+        let mut h = Health::default();
+        h.metrics.push(m);
+        judge(&h, &GateConfig::default())
+    };
+    type Case = (&'static str, fn(&mut StepMetrics), fn(&mut StepMetrics));
+    let cases: [Case; 5] = [
+        ("logprob_kl", |m| m.logprob_kl = Some(0.01), |m| m.logprob_kl = Some(0.011)),
+        ("logprob_pearson", |m| m.logprob_pearson = Some(0.99), |m| m.logprob_pearson = Some(0.989)),
+        (
+            "is_masked_token_fraction",
+            |m| m.is_masked_token_fraction = Some(0.2),
+            |m| m.is_masked_token_fraction = Some(0.21),
+        ),
+        ("staleness_max", |m| m.staleness_max = Some(2), |m| m.staleness_max = Some(3)),
+        (
+            "unreplayed_token_fraction",
+            |m| m.unreplayed_token_fraction = Some(0.0),
+            |m| m.unreplayed_token_fraction = Some(0.01),
+        ),
+    ];
+    for (name, pass, fail) in cases {
+        assert!(gate(&at(&pass), name).passed, "{name} at its threshold");
+        assert!(!gate(&at(&fail), name).passed, "{name} past its threshold");
+    }
+}

@@ -114,3 +114,33 @@ fn a_batch_masked_whole_trains_nothing() {
     assert_eq!(m.is_masked_token_fraction, None, "no correction, no is_* metrics");
     assert!(moved(&t), "the uncorrected step trains");
 }
+
+/// A NaN in the trainer's recomputation stops the step before any update, naming the sample and
+/// the token: it would otherwise make the agreement figures "not measured" and weigh ρ as 1.
+#[test]
+fn a_non_finite_recomputed_logprob_stops_the_step_naming_the_sample() {
+    let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+    let batch = samples(&model);
+    tch::no_grad(|| {
+        for (name, mut t) in model.named_variables() {
+            if name == "model.norm.weight" {
+                let _ = t.fill_(f64::NAN);
+            }
+        }
+    });
+    let mut t = Trainer::new(model);
+    let before = params(&t);
+    let err = t
+        .step(&batch, Path::new("mem"), &with(&[Correction::Tis], (0.99, 1.01)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("non-finite π_old log-prob (pass 1)") && err.contains("sample `a#0.0`"),
+        "{err}"
+    );
+    let same = before
+        .iter()
+        .zip(params(&t))
+        .all(|(a, b)| a.isnan().equal(&b.isnan()) && a.nan_to_num(0.0, None, None).equal(&b.nan_to_num(0.0, None, None)));
+    assert!(same, "no update was made");
+}

@@ -140,3 +140,11 @@ async fn a_repeated_streaming_request_is_streamed_again_from_the_same_generation
     assert_eq!(gens[0].status.as_deref(), Some("ok"));
     assert_eq!(gens[0].extra["replays"], json!(1));
 }
+
+/// The README's retry grace: a generation whose client went away keeps running 3 s by default,
+/// longer than the SDKs' first retry delays (0.4–1 s, asserted on the real SDKs above with a
+/// longer grace).
+#[test]
+fn the_retry_grace_is_three_seconds_by_default() {
+    assert_eq!(ProxyConfig::default().retry_grace, std::time::Duration::from_secs(3));
+}
