@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use lego_rl::engine::vllm::server::{ServeOptions, VllmServer};
-use lego_rl::engine::vllm::supervised::{reference_logprobs, SupervisedVllm};
+use lego_rl::engine::vllm::supervised::SupervisedVllm;
+use lego_rl::engine::vllm::verify::reference_logprobs;
 use lego_rl::engine::vllm::VllmBackend;
 use lego_rl::engine::{Backend, EngineError, GenerateRequest};
 use lego_rl::records::{Sampling, StepMetrics, Trajectory};
