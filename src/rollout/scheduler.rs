@@ -344,8 +344,13 @@ impl<'a> Scheduler<'a> {
     fn log_reload(&mut self, report: &ReloadReport) {
         let verified = match &report.verification {
             Some(v) => format!(
-                ", verified: max |Δ log-prob| {:.2e} ≤ {:.2e} over {} probe tokens",
-                v.max_abs_delta, v.tolerance, v.tokens
+                ", verified: max |Δ log-prob| {:.2e} ≤ {:.2e} over {} probe tokens{}",
+                v.max_abs_delta,
+                v.tolerance,
+                v.tokens,
+                v.served_change
+                    .map(|c| format!(", the served probe moved by {c:.2e}"))
+                    .unwrap_or_default()
             ),
             None => String::new(),
         };

