@@ -392,14 +392,26 @@ fn behaviour_policy_gates_hold_their_documented_thresholds() {
     };
     type Case = (&'static str, fn(&mut StepMetrics), fn(&mut StepMetrics));
     let cases: [Case; 5] = [
-        ("logprob_kl", |m| m.logprob_kl = Some(0.01), |m| m.logprob_kl = Some(0.011)),
-        ("logprob_pearson", |m| m.logprob_pearson = Some(0.99), |m| m.logprob_pearson = Some(0.989)),
+        (
+            "logprob_kl",
+            |m| m.logprob_kl = Some(0.01),
+            |m| m.logprob_kl = Some(0.011),
+        ),
+        (
+            "logprob_pearson",
+            |m| m.logprob_pearson = Some(0.99),
+            |m| m.logprob_pearson = Some(0.989),
+        ),
         (
             "is_masked_token_fraction",
             |m| m.is_masked_token_fraction = Some(0.2),
             |m| m.is_masked_token_fraction = Some(0.21),
         ),
-        ("staleness_max", |m| m.staleness_max = Some(2), |m| m.staleness_max = Some(3)),
+        (
+            "staleness_max",
+            |m| m.staleness_max = Some(2),
+            |m| m.staleness_max = Some(3),
+        ),
         (
             "unreplayed_token_fraction",
             |m| m.unreplayed_token_fraction = Some(0.0),

@@ -138,9 +138,10 @@ fn a_non_finite_recomputed_logprob_stops_the_step_naming_the_sample() {
         err.contains("non-finite π_old log-prob (pass 1)") && err.contains("sample `a#0.0`"),
         "{err}"
     );
-    let same = before
-        .iter()
-        .zip(params(&t))
-        .all(|(a, b)| a.isnan().equal(&b.isnan()) && a.nan_to_num(0.0, None, None).equal(&b.nan_to_num(0.0, None, None)));
+    let same = before.iter().zip(params(&t)).all(|(a, b)| {
+        a.isnan().equal(&b.isnan())
+            && a.nan_to_num(0.0, None, None)
+                .equal(&b.nan_to_num(0.0, None, None))
+    });
     assert!(same, "no update was made");
 }

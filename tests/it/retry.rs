@@ -146,5 +146,8 @@ async fn a_repeated_streaming_request_is_streamed_again_from_the_same_generation
 /// longer grace).
 #[test]
 fn the_retry_grace_is_three_seconds_by_default() {
-    assert_eq!(ProxyConfig::default().retry_grace, std::time::Duration::from_secs(3));
+    assert_eq!(
+        ProxyConfig::default().retry_grace,
+        std::time::Duration::from_secs(3)
+    );
 }
