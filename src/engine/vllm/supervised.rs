@@ -8,7 +8,7 @@
 //! restarts the server on the new checkpoint and checks the fresh server against the checkpoint;
 //! a server that still does not verify is an error (rollout stops, it never serves unverified
 //! weights). A server that died (a crashed engine) is restarted on its checkpoint before the
-//! next request; the request that found it dead fails as an infra error.
+//! next request; a request in flight when it died is lost (an infra error for its trial).
 //!
 //! **A server of the user's** (`vllm:URL`) cannot be restarted: a reload that fails or does not
 //! verify is an error, and the message says to restart the server on that checkpoint.
