@@ -56,9 +56,15 @@ pub(super) fn choose(
             // The support with the mode as "next": the mode is in every support anyway.
             let mode = row.argmax(0, false).int64_value(&[]) as u32;
             let lsm = processed(req, row, mode);
-            copy_into(&lsm.exp(), &mut scratch.probs);
-            let next = sample_probs(&scratch.probs, rng);
-            (next, Some(lsm.double_value(&[next as i64]) as f32))
+            // Drawn in descending order of probability: a support that differs at its boundary
+            // (its least likely tokens, under the float noise of a cached prefill against a
+            // fresh one) then moves only the draws that land there, and a seeded run repeats.
+            // Drawn in vocabulary order, every draw past a boundary token would shift.
+            let kept = lsm.gt(-1e29).sum(Kind::Int64).int64_value(&[]);
+            let (vals, idx) = lsm.topk(kept, 0, true, true);
+            copy_into(&vals.exp(), &mut scratch.probs);
+            let i = i64::from(sample_probs(&scratch.probs, rng));
+            (idx.int64_value(&[i]) as u32, Some(vals.double_value(&[i]) as f32))
         }
     }
 }
