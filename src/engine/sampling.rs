@@ -28,14 +28,14 @@ fn copy_into(t: &Tensor, buf: &mut Vec<f32>) {
 }
 
 /// Samples the next token of `req` from its next-token logits (`row`, a CPU float tensor) with
-/// `rng`; returns it with its log-prob under the distribution it was
-/// drawn from when that is not the model's own (see [`forced_logprob`]): tempered, and
-/// renormalised over the min-p / top-k / top-p support. `None`: the model's own distribution
+/// `rng`; returns it with its log-prob under the distribution it was drawn from when that is not
+/// the model's own (see [`forced_logprob`]): tempered, and renormalised over the min-p / top-k /
+/// top-p support. `None`: the model's own distribution
 /// (temperature 1, the whole vocabulary) or greedy decoding, whose log-prob the caller takes
 /// from the row.
 ///
 /// Only what the choice needs leaves libtorch: the vectorized argmax for greedy decoding, one
-/// probability row otherwise.
+/// probability row for plain temperature, the support's sorted probabilities otherwise.
 pub(super) fn choose(
     req: &GenerateRequest,
     row: &Tensor,
