@@ -32,6 +32,8 @@ pub struct MessagesRequest {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub stream: bool,
+    // The sampling fields are typed here so that a value of the wrong type is a 400; what a
+    // request samples with is decided from the raw body by `proxy::harness_sampling::enforce`.
     #[serde(default)]
     pub temperature: Option<f64>,
     #[serde(default)]

@@ -29,6 +29,8 @@ pub struct ChatCompletionRequest {
     pub stream_options: Option<Value>,
     #[serde(default, alias = "max_completion_tokens")]
     pub max_tokens: Option<u32>,
+    // The sampling fields are typed here so that a value of the wrong type is a 400; what a
+    // request samples with is decided from the raw body by `proxy::harness_sampling::enforce`.
     #[serde(default)]
     pub temperature: Option<f64>,
     #[serde(default)]

@@ -479,21 +479,10 @@ fn two_rank_expert_parallel_steps_equal_one_process_and_save_sharded_checkpoints
 
 /// The files of a checkpoint's `optimizer/` folder, relative to it, sorted.
 fn optimizer_files(dir: &Path) -> Vec<String> {
-    let root = dir.join("optimizer");
-    let mut out = Vec::new();
-    let mut todo = vec![root.clone()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p.strip_prefix(&root).unwrap().to_string_lossy().into_owned());
-            }
-        }
-    }
-    out.sort();
-    out
+    crate::common::files_under(&dir.join("optimizer"))
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect()
 }
 
 /// ZeRO-1 with expert parallelism: 4 ranks, EP=2, so the dense moments are sharded over 4 ranks

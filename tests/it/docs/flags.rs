@@ -57,20 +57,10 @@ pub(super) fn doc_files(root: &Path) -> Vec<PathBuf> {
 
 /// Every file under `root/dir`, relative to `root`, sorted.
 fn walk(root: &Path, dir: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.join(dir)];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p.strip_prefix(root).unwrap().to_path_buf());
-            }
-        }
-    }
-    out.sort();
-    out
+    crate::common::files_under(&root.join(dir))
+        .into_iter()
+        .map(|p| Path::new(dir).join(p))
+        .collect()
 }
 
 /// Whose flags the words being read are.
