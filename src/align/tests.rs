@@ -462,6 +462,7 @@ fn sampling_runs_follow_the_generations_and_unfaithful_log_probs_are_dropped() {
         top_k: 0,
         top_p,
         min_p: 0.0,
+        rule: Default::default(),
     };
     // Policy tokens: g0's 2, g1's 3, g2's 1.
     assert_eq!(samples[0].sampling, vec![run(2, 0.5, 0.9), run(5, 1.0, 1.0)]);

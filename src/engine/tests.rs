@@ -317,6 +317,9 @@ async fn sglang_client_reads_triples_and_flat_routing_and_reloads() {
     let out = backend.generate(request(vec![1, 2, 3, 4])).await.unwrap();
     assert_eq!(out.output_ids, vec![11, 151645]);
     assert_eq!(out.logprobs, vec![-0.5, -0.25]);
+    // SGLang's log-probs are the model's own whatever the sampling: said so, so that align drops
+    // a tempered or truncated turn instead of training it against the wrong behaviour policy.
+    assert!(!out.processed_logprobs);
     assert_eq!(out.finish_reason, FinishReason::Stop);
     let r = out.routing.unwrap();
     assert_eq!((r.start, r.tokens), (0, 5));

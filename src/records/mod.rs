@@ -15,7 +15,7 @@ mod trajectory;
 mod validation;
 
 pub use packed::{DType, Packed, PackedError};
-pub use sample::{AlignStats, LossMask, Sample, SamplingRun, VersionRun};
+pub use sample::{AlignStats, LossMask, Sample, SamplingRule, SamplingRun, VersionRun};
 pub use task::{Environment, Grader, PassRate, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
 pub use trajectory::{
     AuditEvent, DynamicSampling, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming,

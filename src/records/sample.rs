@@ -147,6 +147,23 @@ pub struct SamplingRun {
     pub top_p: f64,
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub min_p: f64,
+    /// How the fields above combine (order, ties at the boundaries): written with every run so
+    /// that a reader knows which distribution the recorded log-probs are of, since samplers differ
+    /// (transformers applies min-p last). A record without it was written before rules were named
+    /// and is read as [`SamplingRule::VllmV1`], the only rule this version applies; a rule this
+    /// version does not know is refused when the file is read, naming the line.
+    #[serde(default)]
+    pub rule: SamplingRule,
+}
+
+/// The sampling rules a [`SamplingRun`] can name (src/model/sampled.rs implements each).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SamplingRule {
+    /// vLLM v1's: temperature, min-p, top-k keeping every token tied with the k-th, top-p over
+    /// what is left with the tokens tied at its boundary cut to the count (the drawn one kept).
+    #[default]
+    #[serde(rename = "vllm-v1")]
+    VllmV1,
 }
 
 fn is_zero_f64(p: &f64) -> bool {
@@ -176,6 +193,7 @@ impl SamplingRun {
                 top_k: 0,
                 top_p: 1.0,
                 min_p: 0.0,
+                rule: SamplingRule::VllmV1,
             };
         }
         SamplingRun {
@@ -184,6 +202,7 @@ impl SamplingRun {
             top_k: sampling.top_k.unwrap_or(0),
             top_p: sampling.top_p.filter(|&p| p < 1.0).unwrap_or(1.0),
             min_p: sampling.min_p.filter(|&p| p > 0.0).unwrap_or(0.0),
+            rule: SamplingRule::VllmV1,
         }
     }
 
@@ -194,8 +213,8 @@ impl SamplingRun {
 
     /// Whether two runs draw from the same distribution (their starts aside).
     pub fn same_distribution(&self, other: &SamplingRun) -> bool {
-        (self.temperature, self.top_k, self.top_p, self.min_p)
-            == (other.temperature, other.top_k, other.top_p, other.min_p)
+        (self.temperature, self.top_k, self.top_p, self.min_p, self.rule)
+            == (other.temperature, other.top_k, other.top_p, other.min_p, other.rule)
     }
 }
 

@@ -169,6 +169,7 @@ fn every_record_round_trips_and_matches_its_snapshot() {
                 top_k: 20,
                 top_p: 0.95,
                 min_p: 0.0,
+                rule: Default::default(),
             }],
             routing: Some(Packed::from_experts(vec![1, 2, 2], &[0, 300, 2, 3])),
             reward: 1.0,

@@ -473,6 +473,7 @@ mod tests {
             top_k,
             top_p,
             min_p: 0.0,
+            rule: Default::default(),
         };
         let draw = |temperature, top_k, top_p| Draw {
             temperature,

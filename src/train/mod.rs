@@ -67,6 +67,8 @@ pub enum TrainError {
         token: usize,
         value: f64,
     },
+    #[error("non-finite gradient norm ({value}): the gradient of sample `{sample}` alone is not finite; no update written")]
+    NonFiniteGradient { sample: String, value: f64 },
     #[error("{0}")]
     Torch(#[from] tch::TchError),
     #[error(transparent)]

@@ -351,7 +351,20 @@ impl Trainer {
                 p.zero_grad();
             }
             self.backward(&batch, &my_idx, &obj.coef, &is_weights, s)?;
-            let up = self.sync_and_update(&params, s, pg)?;
+            let up = match self.sync_and_update(&params, s, pg) {
+                Err(TrainError::NonFinite {
+                    what: "gradient norm",
+                    value,
+                }) => {
+                    let grads = Backward {
+                        batch: &batch,
+                        coef: &obj.coef,
+                        is_weights: &is_weights,
+                    };
+                    return Err(self.blame_gradient(&grads, &my_idx, &all_params, value, s));
+                }
+                r => r?,
+            };
             grad_norms.push(up.norm);
             lr_used = Some(up.lr);
             copies = copies.max(up.copy_bytes);
@@ -458,6 +471,61 @@ impl Trainer {
             self.check_exchanges()?;
         }
         Ok(())
+    }
+}
+
+/// What one backward pass of an update reads: the batch, the per-trajectory coefficients and the
+/// per-token correction weights.
+struct Backward<'a> {
+    batch: &'a Batch,
+    coef: &'a [f64],
+    is_weights: &'a [Vec<f64>],
+}
+
+impl Trainer {
+    /// The error for a non-finite gradient norm, naming the sample that makes it: each of this
+    /// rank's sequences `mine` is backpropagated alone, and the first whose gradient holds a
+    /// non-finite value is named. Only this failure path pays for it. A forward can be finite
+    /// where its backward is not (a NaN at a position past the last policy token leaves every
+    /// log-prob finite, but its zero upstream gradient times NaN is NaN in the weights'), so the
+    /// log-prob checks cannot name it. Under expert parallelism a sequence's backward needs the
+    /// other ranks' experts, so the sample is not looked for; a sample on another rank is
+    /// named there.
+    fn blame_gradient(
+        &self,
+        b: &Backward,
+        mine: &[usize],
+        vars: &[(String, Tensor)],
+        value: f64,
+        s: &Settings,
+    ) -> TrainError {
+        let unnamed = TrainError::NonFinite {
+            what: "gradient norm",
+            value,
+        };
+        if self.expert.is_some() {
+            return unnamed;
+        }
+        for &i in mine {
+            for (_, v) in vars {
+                let mut v = v.shallow_clone();
+                v.zero_grad();
+            }
+            if self.backward(b.batch, &[i], b.coef, b.is_weights, s).is_err() {
+                continue;
+            }
+            let bad = vars.iter().any(|(_, v)| {
+                let g = v.grad();
+                g.defined() && g.isfinite().all().int64_value(&[]) == 0
+            });
+            if bad {
+                return TrainError::NonFiniteGradient {
+                    sample: b.batch.seqs[i].id.clone(),
+                    value,
+                };
+            }
+        }
+        unnamed
     }
 }
 

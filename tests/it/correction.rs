@@ -145,3 +145,69 @@ fn a_non_finite_recomputed_logprob_stops_the_step_naming_the_sample() {
     });
     assert!(same, "no update was made");
 }
+
+/// Every position's experts in the last MoE layer (the model's last layer) avoid `poisoned`,
+/// except the last position of sample `last_of`, which is routed to it (replayed routing, so the
+/// trainer follows it).
+fn route_only_the_last_of(batch: &mut [Sample], last_of: &str, poisoned: u16) {
+    for s in batch.iter_mut() {
+        let r = s.routing.as_ref().expect("the MoE samples record routing");
+        let shape = r.shape.clone();
+        let (tokens, layers, k) = (shape[0], shape[1], shape[2]);
+        let mut ids = r.to_experts().unwrap();
+        for p in 0..tokens {
+            let at = (p * layers + layers - 1) * k;
+            let row = &mut ids[at..at + k];
+            if s.id == last_of && p == tokens - 1 {
+                if !row.contains(&poisoned) {
+                    row[0] = poisoned;
+                }
+                continue;
+            }
+            for j in 0..k {
+                if row[j] == poisoned {
+                    let free = (0..poisoned).find(|e| !row.contains(e)).unwrap();
+                    row[j] = free;
+                }
+            }
+        }
+        s.routing = Some(Packed::from_experts(shape, &ids));
+    }
+}
+
+/// A NaN that only the backward meets: expert 7 of the last layer (an MoE layer) holds NaN weights
+/// and only the last position of sample b is routed to it. That position predicts no token and
+/// no later layer mixes it into another, so every log-prob stays finite and pass 1 and the loss
+/// pass their checks; its zero upstream gradient times the NaN activations is NaN in the expert's
+/// weight gradient. The step stops naming sample b (each of the
+/// rank's sequences backpropagated alone), and the same batch on clean weights trains.
+#[test]
+fn a_non_finite_gradient_stops_the_step_naming_the_sample_that_makes_it() {
+    let run = |poison: bool| {
+        let model = Model::load(&tiny_moe(), Device::Cpu, None).unwrap();
+        let mut batch = samples(&model);
+        route_only_the_last_of(&mut batch, "b#0.0", 7);
+        if poison {
+            tch::no_grad(|| {
+                for (name, mut t) in model.named_variables() {
+                    if name.starts_with("model.layers.2.mlp.experts.7.") {
+                        let _ = t.fill_(f64::NAN);
+                    } else if name.starts_with("model.layers.2.mlp.experts.") && name.ends_with("_proj") {
+                        let _ = t.get(7).fill_(f64::NAN);
+                    }
+                }
+            });
+        }
+        let mut t = Trainer::new(model);
+        let mut s = with(&[], (0.99, 1.01));
+        // One sequence per micro-batch: the poisoned position shares no attention with another.
+        s.micro_batch_tokens = 12;
+        t.step(&batch, Path::new("mem"), &s).map(|_| ())
+    };
+    run(false).expect("the rerouted batch trains on clean weights");
+    let err = run(true).unwrap_err().to_string();
+    assert!(
+        err.contains("non-finite gradient norm") && err.contains("sample `b#0.0`"),
+        "{err}"
+    );
+}

@@ -46,3 +46,4 @@ mod train_bf16;
 mod validate;
 mod vllm;
 mod vllm_reload;
+mod vllm_ties;

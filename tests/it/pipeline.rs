@@ -182,6 +182,7 @@ fn a_stale_batch_trains_with_the_correction(run: &Path, tasks: &Path, images: &P
         vec![fresh.policy_tokens],
         "step 1: batch 0, checkpoint 0"
     );
+    assert_eq!(fresh.staleness_mean, Some(0.0));
     let spread = |m: &StepMetrics| {
         let (lo, hi) = (
             m.is_log_ratio_min.expect("is_log_ratio_min"),
@@ -220,6 +221,7 @@ fn a_stale_batch_trains_with_the_correction(run: &Path, tasks: &Path, images: &P
     let stale = &metrics[2];
     assert_eq!((stale.step, stale.staleness_max), (3, Some(2)));
     assert_eq!(stale.staleness_histogram, vec![0, 0, stale.policy_tokens]);
+    assert_eq!(stale.staleness_mean, Some(2.0));
     assert_eq!(stale.policy_tokens, fresh.policy_tokens, "the same trajectories");
     assert!(
         spread(stale) > bound && stale.is_log_ratio_std > fresh.is_log_ratio_std,

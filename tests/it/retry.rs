@@ -141,6 +141,103 @@ async fn a_repeated_streaming_request_is_streamed_again_from_the_same_generation
     assert_eq!(gens[0].extra["replays"], json!(1));
 }
 
+/// A proxy on the tiny MoE with `grace` and a trial with `script` queued.
+async fn proxy_with(grace: std::time::Duration, script: Vec<String>) -> (String, Arc<lego_rl::proxy::Trial>, Proxy) {
+    let backend = Arc::new(EmbeddedBackend::start(&crate::model::tiny_moe(), Device::Cpu).unwrap());
+    let cfg = ProxyConfig {
+        retry_grace: grace,
+        ..ProxyConfig::default()
+    };
+    let proxy = Proxy::new(chat(), backend, cfg);
+    let (addr, _) = proxy.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let (token, trial) = proxy.register_trial("retry/0/2");
+    trial.push_script(script);
+    (format!("http://{addr}/t/{token}/v1/chat/completions"), trial, proxy)
+}
+
+/// Starts a streaming request and goes away after its first three content chunks.
+async fn stream_then_leave(client: &reqwest::Client, url: &str, body: &Value) {
+    use futures::StreamExt;
+    let first = client.post(url).json(body).send().await.unwrap();
+    let mut chunks = first.bytes_stream();
+    let mut seen = 0;
+    while seen < 3 {
+        let c = chunks.next().await.unwrap().unwrap();
+        seen += String::from_utf8_lossy(&c).matches("\"content\"").count();
+    }
+}
+
+/// The trial's captures once there are `n` (a flight whose client left is captured when the
+/// grace ends and it is cancelled, or when it finishes).
+async fn captures_when(trial: &lego_rl::proxy::Trial, n: usize) -> Vec<Generation> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let gens = trial.generations();
+        if gens.len() >= n || std::time::Instant::now() > deadline {
+            return gens;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// An announced retry (`x-stainless-retry-count` > 0) with the same messages is the same turn even
+/// when its other fields differ (an SDK may adjust `max_tokens` or a harness its sampling between
+/// attempts): it joins the first generation. The same request unannounced is a new turn: a second
+/// generation.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_announced_retry_with_other_fields_changed_joins_the_generation_and_an_unannounced_one_does_not() {
+    let [long, _] = scripts();
+    let messages = json!([{"role": "user", "content": "Describe the repository."}]);
+    let first = json!({"model": "qwen3", "stream": true, "max_tokens": 400, "messages": messages});
+    let again = json!({"model": "qwen3", "max_tokens": 300, "temperature": 0.9, "messages": messages});
+    for announced in [true, false] {
+        let (url, trial, _proxy) =
+            proxy_with(std::time::Duration::from_secs(10), vec![long.clone(), long.clone()]).await;
+        let client = reqwest::Client::new();
+        stream_then_leave(&client, &url, &first).await;
+        let mut req = client.post(&url).json(&again);
+        if announced {
+            req = req.header("x-stainless-retry-count", "1");
+        }
+        let answer: Value = req.send().await.unwrap().json().await.unwrap();
+        let content = answer["choices"][0]["message"]["content"].as_str().unwrap_or("");
+        assert!(content.contains(&"word ".repeat(WORDS).trim_end().to_string()), "{answer}");
+        if announced {
+            let gens = captures_when(&trial, 1).await;
+            assert_eq!(gens.len(), 1, "{gens:#?}");
+            assert_eq!(gens[0].status.as_deref(), Some("ok"));
+            assert_eq!(gens[0].extra["replays"], json!(1));
+        } else {
+            let gens = captures_when(&trial, 2).await;
+            assert_eq!(gens.len(), 2, "a second generation: {gens:#?}");
+            assert!(gens.iter().all(|g| g.extra.get("replays").is_none()), "{gens:#?}");
+        }
+    }
+}
+
+/// A generation whose client went away and never came back runs on for the grace, then is
+/// cancelled: captured `client_disconnected` with the tokens it made, more than the client saw
+/// and fewer than its script.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_generation_left_by_its_client_is_cancelled_after_the_grace() {
+    const LONG: usize = 3000;
+    let script = format!("<think>\nLook.\n</think>\n\n{}", "word ".repeat(LONG).trim_end());
+    let (url, trial, _proxy) = proxy_with(std::time::Duration::from_secs(1), vec![script]).await;
+    let body = json!({"model": "qwen3", "stream": true, "max_tokens": 4000,
+        "messages": [{"role": "user", "content": "Describe the repository."}]});
+    stream_then_leave(&reqwest::Client::new(), &url, &body).await;
+    let gens = captures_when(&trial, 1).await;
+    assert_eq!(gens.len(), 1, "{gens:#?}");
+    let g = &gens[0];
+    assert_eq!(g.status.as_deref(), Some("client_disconnected"), "{g:#?}");
+    assert_eq!(g.finish_reason, "cancelled");
+    let made = g.output_ids.len();
+    // It ran on after the client left (the client saw 3 chunks; the grace is hundreds of
+    // decode steps even on a slow machine), and stopped long before its script ended.
+    assert!(made > 20 && made < LONG, "{made} tokens");
+    eprintln!("left after 3 chunks; cancelled after the 1 s grace at {made} of ~{LONG} tokens");
+}
+
 /// The README's retry grace: a generation whose client went away keeps running 3 s by default,
 /// longer than the SDKs' first retry delays (0.4–1 s, asserted on the real SDKs above with a
 /// longer grace).

@@ -286,6 +286,56 @@ fn mini_swe_agent_episode_inspects_edits_tests_and_gets_reward_1() {
     assert_eq!(read(&out).len(), 1);
 }
 
+/// The harness's own temperature under pinned sampling: ignored and recorded in each generation's
+/// `ignored_sampling`, counted in the trajectory's `metadata.sampling_overrides`, in rollout's
+/// summary line and in the report's `steps.csv` (a run directory holding these trajectories as
+/// its step 0).
+fn sampling_overrides_are_counted(trajs: &[Trajectory], stderr: &str, tmp: &Path) {
+    let mut total = 0;
+    for t in trajs.iter().filter(|t| !t.generations.is_empty()) {
+        assert_eq!(t.metadata["harness_sampling"], "pin", "{}", t.id);
+        for g in &t.generations {
+            assert_eq!(
+                serde_json::to_value(&g.ignored_sampling).unwrap()["temperature"],
+                serde_json::json!(0.3),
+                "{}: {:?}",
+                t.id,
+                g.ignored_sampling
+            );
+            assert_ne!(g.sampling.temperature, Some(0.3), "rollout's own temperature served");
+        }
+        assert_eq!(
+            t.metadata["sampling_overrides"],
+            serde_json::json!(t.generations.len()),
+            "{}",
+            t.id
+        );
+        total += t.generations.len();
+    }
+    assert!(total > 0);
+    assert!(
+        stderr.contains(&format!(
+            ", {total} generations without the request's own sampling (ignored_sampling)"
+        )),
+        "{stderr}"
+    );
+    let run = tmp.join("run");
+    std::fs::create_dir_all(run.join("trajectories")).unwrap();
+    let mut w = lego_rl::io::AtomicWriter::create(&run.join("trajectories/step-000000.jsonl.zst")).unwrap();
+    for t in trajs {
+        w.write(t).unwrap();
+    }
+    w.finish().unwrap();
+    let o = lego().arg("report").arg(&run).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv = std::fs::read_to_string(run.join("report/steps.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "sampling_overrides").expect("column");
+    let row: Vec<&str> = lines.next().expect("step 0").split(',').collect();
+    assert_eq!(row[col], total.to_string(), "{csv}");
+}
+
 #[test]
 fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
     if !docker_available() {
@@ -303,13 +353,24 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
     );
     let c = docker(&["create", "--name", &blocker, "lego-rl/base:trixie", "true"]);
     assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
-    let o = lego()
-        .args(rollout_args(
-            &out,
-            &["--group-size", "8", "-j", "2", "--run-id", &run_id],
-        ))
-        .output()
-        .unwrap();
+    // The harness asks for its own temperature (mini-swe-agent passes model_kwargs through
+    // litellm), which rollout's pinned sampling (train mode's default) ignores and counts.
+    let harness = tmp.path().join("mini-swe-agent.toml");
+    let adapter = std::fs::read_to_string(root().join("examples/harnesses/mini-swe-agent.toml")).unwrap();
+    let step_limit = r#""-c", "agent.step_limit={max_turns}","#;
+    assert!(adapter.contains(step_limit));
+    let adapter = adapter.replace(
+        step_limit,
+        &format!(r#"{step_limit} "-c", "model.model_kwargs.temperature=0.3","#),
+    );
+    std::fs::write(&harness, adapter).unwrap();
+    let mut args = rollout_args(
+        &out,
+        &["--group-size", "8", "-j", "2", "--run-id", &run_id],
+    );
+    let at = args.iter().position(|a| a == "--harness").unwrap() + 1;
+    args[at] = harness.display().to_string();
+    let o = lego().args(args).output().unwrap();
     docker(&["rm", "-f", &blocker]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "rollout failed: {stderr}");
@@ -353,6 +414,7 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
             assert!(t.diff.as_deref().unwrap_or("").contains("number in (11,)"));
         }
     }
+    sampling_overrides_are_counted(&trajs, &stderr, tmp.path());
     let rewards: Vec<f64> = trajs.iter().filter_map(|t| t.reward).collect();
     assert_eq!(rewards.len(), 7);
     assert_eq!(

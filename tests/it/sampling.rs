@@ -229,6 +229,7 @@ async fn honoured_sampling_records_and_trains_the_tempered_nucleus_it_drew_from(
         top_k: 0,
         top_p: 0.5,
         min_p: 0.0,
+        rule: Default::default(),
     };
     assert_eq!(samples[0].sampling, vec![run]);
 
@@ -354,6 +355,7 @@ async fn rollouts_top_k_and_min_p_are_recorded_and_recomputed_by_train_step() {
         top_k: 20,
         top_p: 0.95,
         min_p: 0.05,
+        rule: Default::default(),
     };
     assert_eq!(samples[0].sampling, vec![run]);
     let m = recompute(&samples);

