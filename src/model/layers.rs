@@ -146,8 +146,14 @@ fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
 pub enum AttnMask<'a> {
     /// One causal sequence (optionally continuing a cache).
     Causal,
-    /// A block-diagonal causal `[T, T]` boolean mask (true = may attend), for packed sequences.
-    Packed(&'a Tensor),
+    /// Several causal sequences packed into one row, as `(start, len)` in order, covering
+    /// `0..T`. Each attends only within itself.
+    ///
+    /// Why segments and not a block-diagonal `[T, T]` mask: the mask is quadratic in the packed
+    /// row (17 GB of booleans at 131k tokens), and an explicit mask keeps SDPA off its flash and
+    /// memory-efficient kernels, so backends fall back to `heads × T × T` scores. One causal call
+    /// per segment keeps attention's memory linear in T and every call on the fused kernels.
+    Packed(&'a [(i64, i64)]),
 }
 
 /// Grouped-query self-attention with per-head RMSNorm on queries and keys.
@@ -301,26 +307,50 @@ impl Attention {
         let (q, k, v) = (q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
         let scale = (d as f64).powf(-0.5);
         let out = match mask {
-            AttnMask::Causal if past == 0 => {
-                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, scale, gqa)
-            }
-            AttnMask::Causal if t == 1 => {
-                Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, false, scale, gqa)
-            }
+            AttnMask::Causal if past == 0 => sdpa(&q, &k, &v, None, true, scale, gqa),
+            AttnMask::Causal if t == 1 => sdpa(&q, &k, &v, None, false, scale, gqa),
             AttnMask::Causal => {
                 // Continuing a cache: query i (absolute past+i) sees keys 0..=past+i.
                 let dev = q.device();
                 let qpos = Tensor::arange(t, (Kind::Int64, dev)).unsqueeze(1) + past;
                 let kpos = Tensor::arange(past + t, (Kind::Int64, dev)).unsqueeze(0);
                 let m = kpos.le_tensor(&qpos);
-                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, scale, gqa)
+                sdpa(&q, &k, &v, Some(m), false, scale, gqa)
             }
-            AttnMask::Packed(m) => {
-                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*m), 0.0, false, scale, gqa)
+            AttnMask::Packed(segments) => {
+                assert_eq!(past, 0, "invariant: a packed row does not continue a cache");
+                let outs: Vec<Tensor> = segments
+                    .iter()
+                    .map(|&(start, len)| {
+                        let part = |x: &Tensor| x.narrow(2, start, len);
+                        sdpa(&part(&q), &part(&k), &part(&v), None, true, scale, gqa)
+                    })
+                    .collect();
+                Tensor::cat(&outs, 2)
             }
         };
         out.squeeze_dim(0).transpose(0, 1).reshape([t, h * d])
     }
+}
+
+/// Every attention of the model goes through here: SDPA on `[1, heads, T, D]`, with an explicit
+/// boolean mask only when continuing a cache (`[t, past + t]`, t the new tokens). Tests record
+/// the largest mask it was given, to show packed rows never reach it with one.
+fn sdpa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<Tensor>,
+    causal: bool,
+    scale: f64,
+    gqa: bool,
+) -> Tensor {
+    #[cfg(test)]
+    tests::LARGEST_MASK.with(|m| {
+        let n = mask.as_ref().map_or(0, |x| x.numel());
+        m.set(m.get().max(n));
+    });
+    Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, scale, gqa)
 }
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`. Also one MoE expert.
@@ -345,5 +375,70 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let g = linear(x, &self.gate_proj).silu();
         linear(&(g * linear(x, &self.up_proj)), &self.down_proj)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Elements of the largest mask [`sdpa`] was given on this thread.
+        pub(super) static LARGEST_MASK: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A packed row of three sequences (lengths that are not multiples of each other) attends
+    /// without any mask reaching SDPA, and each sequence's output equals its own causal
+    /// forward (what a block-diagonal mask gave).
+    #[test]
+    fn packed_rows_reach_sdpa_with_no_mask_and_equal_separate_rows() {
+        tch::manual_seed(3);
+        let cfg = Config::tiny();
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let attn = Attention::new(&(vs.root() / "attn"), &cfg);
+        let rope = Rope::new(&cfg, tch::Device::Cpu);
+        let lens = [5i64, 17, 8];
+        let t: i64 = lens.iter().sum();
+        let x = Tensor::randn([t, cfg.hidden_size], (Kind::Float, tch::Device::Cpu));
+        let mut segments = Vec::new();
+        let mut positions = Vec::new();
+        for &len in &lens {
+            segments.push((positions.len() as i64, len));
+            positions.extend(0..len);
+        }
+        let (cos, sin) = rope.tables(&Tensor::from_slice(&positions), Kind::Float);
+        LARGEST_MASK.with(|m| m.set(0));
+        let packed = attn.forward(&x, &cos, &sin, &AttnMask::Packed(&segments), None);
+        assert_eq!(
+            LARGEST_MASK.with(Cell::get),
+            0,
+            "a packed row reached SDPA with a mask"
+        );
+        for &(start, len) in &segments {
+            let part = |z: &Tensor| z.narrow(0, start, len);
+            let alone = attn.forward(&part(&x), &part(&cos), &part(&sin), &AttnMask::Causal, None);
+            let d = (part(&packed) - &alone).abs().max().double_value(&[]);
+            assert!(d < 1e-6, "segment at {start}: packed vs alone |Δ| {d}");
+        }
+        // The check can fail: a cache continuation does pass a mask.
+        let mut slot = None;
+        let first = |z: &Tensor| z.narrow(0, 0, 4);
+        let rest = |z: &Tensor| z.narrow(0, 4, 3);
+        let _ = attn.forward(
+            &first(&x),
+            &first(&cos),
+            &first(&sin),
+            &AttnMask::Causal,
+            Some(&mut slot),
+        );
+        let _ = attn.forward(
+            &rest(&x),
+            &rest(&cos),
+            &rest(&sin),
+            &AttnMask::Causal,
+            Some(&mut slot),
+        );
+        assert_eq!(LARGEST_MASK.with(Cell::get), 3 * 7);
     }
 }

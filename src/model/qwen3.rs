@@ -52,29 +52,12 @@ impl Mixer {
     }
 }
 
-/// The sequences of a packed row: one for a causal mask; for a block-diagonal one, a new
-/// sequence starts at every row that may not attend to its predecessor.
+/// The sequences of a row as `(start, len)`: the whole row for a causal one.
 fn segments(mask: &AttnMask, t: i64) -> Vec<(i64, i64)> {
-    let AttnMask::Packed(m) = mask else {
-        return vec![(0, t)];
-    };
-    let sees_prev = Vec::<i64>::try_from(
-        m.diagonal(-1, 0, 1)
-            .to_kind(Kind::Int64)
-            .to_device(tch::Device::Cpu),
-    )
-    .expect("invariant: a [T-1] int64 tensor");
-    let mut starts = vec![0];
-    starts.extend(
-        sees_prev
-            .iter()
-            .enumerate()
-            .filter(|(_, &s)| s == 0)
-            .map(|(i, _)| i as i64 + 1),
-    );
-    let mut ends = starts[1..].to_vec();
-    ends.push(t);
-    starts.iter().zip(ends).map(|(&s, e)| (s, e - s)).collect()
+    match mask {
+        AttnMask::Causal => vec![(0, t)],
+        AttnMask::Packed(segments) => segments.to_vec(),
+    }
 }
 
 /// Dense MLP or routed experts.
@@ -243,15 +226,11 @@ impl CausalLm {
         let kind = self.embed_tokens.kind();
         let (cos, sin) = self.rope.tables(positions, kind);
         let t = tokens.size()[0];
-        let hybrid = self
-            .layers
-            .iter()
-            .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)));
         MixCtx {
             cos,
             sin,
             mask,
-            segments: if hybrid { segments(mask, t) } else { vec![(0, t)] },
+            segments: segments(mask, t),
         }
     }
 

@@ -6,7 +6,7 @@
 //! current log-probs (pass 1 for the first), the objective's per-trajectory coefficients, then
 //! micro-batches of at most `micro_batch_tokens` tokens backpropagate Σ c_t·log π_θ(t) into the
 //! accumulated gradient → grad-norm clip → AdamW. Sequences of a micro-batch are packed into one
-//! row with a block-diagonal causal mask.
+//! row; attention runs causally within each ([`AttnMask::Packed`]), never over a `[T, T]` mask.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -76,8 +76,8 @@ struct MbInputs {
     /// Positions whose next token is scored, and those next tokens.
     at: Tensor,
     next: Tensor,
-    /// Block-diagonal mask when several sequences are packed.
-    mask: Option<Tensor>,
+    /// `(start, len)` of each sequence when several are packed.
+    segments: Option<Vec<(i64, i64)>>,
     /// The recorded experts (`-1` rows: none recorded), `[tokens, moe layers, k]`.
     recorded: Option<Tensor>,
     /// Whether the forward replays `recorded` (R3) or only compares with it.
@@ -93,7 +93,10 @@ impl MbInputs {
         ForwardInput {
             tokens: &self.tokens,
             positions: &self.positions,
-            mask: self.mask.as_ref().map_or(AttnMask::Causal, AttnMask::Packed),
+            mask: self
+                .segments
+                .as_deref()
+                .map_or(AttnMask::Causal, AttnMask::Packed),
             replay: self.recorded.as_ref().filter(|_| self.replay),
         }
     }
@@ -130,7 +133,7 @@ impl Trainer {
         let total: usize = mb.iter().map(|&i| batch.seqs[i].tokens.len()).sum();
         let mut tokens = Vec::with_capacity(total);
         let mut positions = Vec::with_capacity(total);
-        let mut segment = Vec::with_capacity(total);
+        let mut segments = Vec::with_capacity(mb.len());
         let mut at = Vec::new();
         let mut replay = if moe_l > 0 {
             vec![-1i64; total * (moe_l * k) as usize]
@@ -138,12 +141,12 @@ impl Trainer {
             Vec::new()
         };
         let mut recorded_rows = Vec::new();
-        for (j, &i) in mb.iter().enumerate() {
+        for &i in mb {
             let s: &Seq = &batch.seqs[i];
             let off = tokens.len();
             tokens.extend_from_slice(&s.tokens);
             positions.extend(0..s.tokens.len() as i64);
-            segment.extend(std::iter::repeat_n(j as i64, s.tokens.len()));
+            segments.push((off as i64, s.tokens.len() as i64));
             at.extend(s.pred_at.iter().map(|&p| p + off as i64));
             if let Some((rows, ids)) = &s.routing {
                 let w = (moe_l * k) as usize;
@@ -155,13 +158,7 @@ impl Trainer {
         let positions = Tensor::from_slice(&positions).to_device(dev);
         let at_t = Tensor::from_slice(&at).to_device(dev);
         let next = tokens.index_select(0, &(&at_t + 1));
-        let mask = (mb.len() > 1).then(|| {
-            let seg = Tensor::from_slice(&segment).to_device(dev);
-            let idx = Tensor::arange(total as i64, (Kind::Int64, dev));
-            seg.unsqueeze(1)
-                .eq_tensor(&seg.unsqueeze(0))
-                .logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)))
-        });
+        let segments = (mb.len() > 1).then_some(segments);
         let replay_t = (moe_l > 0).then(|| {
             Tensor::from_slice(&replay)
                 .to_device(dev)
@@ -172,7 +169,7 @@ impl Trainer {
             positions,
             at: at_t,
             next,
-            mask,
+            segments,
             recorded: replay_t,
             replay: use_replay,
             recorded_rows,

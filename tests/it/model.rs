@@ -519,29 +519,22 @@ fn bf16_compute_stays_close_to_fp32() {
     assert!(d > 0.0 && d < 0.05, "bf16 vs fp32 log-prob |Δ| {d}");
 }
 
-/// One forward of `seqs` packed into a row with a block-diagonal causal mask; returns its output
-/// and the packed tokens.
+/// One forward of `seqs` packed into one row, each attending only within itself; returns its
+/// output and the packed tokens.
 pub fn packed_forward(model: &Model, seqs: &[Vec<i64>]) -> (lego_rl::model::ForwardOutput, Tensor) {
     let all: Vec<i64> = seqs.concat();
-    let (mut pos, mut seg) = (Vec::new(), Vec::new());
-    for (i, s) in seqs.iter().enumerate() {
+    let (mut pos, mut segments) = (Vec::new(), Vec::new());
+    for s in seqs {
+        segments.push((pos.len() as i64, s.len() as i64));
         pos.extend(0..s.len() as i64);
-        seg.extend(std::iter::repeat_n(i as i64, s.len()));
     }
-    let seg = Tensor::from_slice(&seg);
-    let n = all.len() as i64;
-    let idx = Tensor::arange(n, (Kind::Int64, Device::Cpu));
-    let mask = seg
-        .unsqueeze(1)
-        .eq_tensor(&seg.unsqueeze(0))
-        .logical_and(&idx.unsqueeze(0).le_tensor(&idx.unsqueeze(1)));
     let tokens = Tensor::from_slice(&all);
     let positions = Tensor::from_slice(&pos);
     let out = model.lm.forward(
         &ForwardInput {
             tokens: &tokens,
             positions: &positions,
-            mask: AttnMask::Packed(&mask),
+            mask: AttnMask::Packed(&segments),
             replay: None,
         },
         None,
