@@ -271,8 +271,9 @@ fn kind_name(k: Kind) -> &'static str {
 ///
 /// Per token and block, the saved tensors are listed where they arise in the forward; `b` is
 /// the compute dtype's size, fp32 tensors are the ones the code upcasts. Full attention assumes
-/// a fused SDPA kernel (CUDA: no `[T, T]` scores kept) that, given the packed block-diagonal mask,
-/// keeps the mask as a `[T, T]` additive bias in the compute dtype.
+/// a fused SDPA kernel (CUDA: no `[T, T]` scores kept): a packed micro-batch reaches it one
+/// causal sequence at a time with no mask ([`crate::model::AttnMask::Packed`]), so nothing in
+/// a micro-batch is quadratic in its tokens.
 pub fn activation_bytes(cfg: &Config, spec: &PlanSpec) -> u64 {
     let b = spec.dtype.elt_size_in_bytes() as u64;
     let t = spec.micro_batch_tokens;
@@ -281,7 +282,7 @@ pub fn activation_bytes(cfg: &Config, spec: &PlanSpec) -> u64 {
         .map(|i| {
             let mixer = match cfg.layer_types.get(i as usize) {
                 Some(LayerType::LinearAttention) => linear_attention_per_token(cfg, b) * t,
-                _ => attention_per_token(cfg, b) * t + b * t * t,
+                _ => attention_per_token(cfg, b) * t,
             };
             let ffn = if cfg.is_moe_layer(i) {
                 moe_per_token(cfg, b, spec.expert_parallel > 1)
@@ -301,8 +302,6 @@ pub fn activation_bytes(cfg: &Config, spec: &PlanSpec) -> u64 {
             Some(c) => c.min(t) * (v * (2 * b + F32) + 2 * h * b),
             None => t * v * 2 * (b + F32),
         };
-    // The packed block-diagonal `[T, T]` boolean mask.
-    let mask = t * t;
     let decoder = if spec.activation_checkpointing {
         // Every layer's input (and the last output), one layer's saved tensors during its
         // recomputation, and the gradient flowing back with the recomputed input's own.
@@ -310,7 +309,7 @@ pub fn activation_bytes(cfg: &Config, spec: &PlanSpec) -> u64 {
     } else {
         layers.iter().sum::<u64>() + norm(h, b) * t
     };
-    decoder + head + mask
+    decoder + head
 }
 
 /// An RMSNorm over `dim`: its fp32 upcast and its output.

@@ -141,10 +141,12 @@ impl VllmBackend {
     }
 
     /// Whether the server's sampled log-probs are processed (`--logprobs-mode
-    /// processed_logprobs`), which no endpoint reports: one token sampled with `top_k: 1` has
-    /// log-prob exactly 0 under processed log-probs (a distribution of one token) and the
-    /// model's own log-prob of its most likely token otherwise, below 0 for any model that is
-    /// not certain after the 3-token probe prompt.
+    /// processed_logprobs`), which no endpoint reports: one token sampled with `top_k: 1` has,
+    /// under processed log-probs, the log-prob of a uniform draw among the tokens tied with the
+    /// most likely one (vLLM keeps every token tied at the top-k cut): exactly 0 for one, −ln n
+    /// for n twins (a bf16 model ties at the top often enough to matter). Otherwise it is the
+    /// model's own log-prob of its most likely token, which lands within 1e-4 of −ln n only if the
+    /// model puts exactly 1/n on it after the 3-token probe prompt.
     async fn probe_processed(&self, model: &str) -> Result<bool, EngineError> {
         let url = format!("{}/v1/completions", self.base);
         let body = json!({
@@ -161,7 +163,7 @@ impl VllmBackend {
                     "no choices[0].logprobs.token_logprobs[0] (logprobs-mode probe)",
                 )
             })?;
-        Ok(lp == 0.0)
+        Ok((1..=8).any(|n| (lp + f64::from(n).ln()).abs() < 1e-4))
     }
 
     /// The request body every generation shares.
