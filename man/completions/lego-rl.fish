@@ -182,7 +182,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l weight-de
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l eps-low -d 'Lower clip range of the sequence ratio' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l eps-high -d 'Upper clip range of the sequence ratio' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l updates -d 'Optimizer updates per step (mini-batches of whole groups)' -r
-complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l micro-batch-tokens -d 'Tokens per packed micro-batch (gradient accumulation over micro-batches)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l micro-batch-tokens -d 'Tokens per packed micro-batch (gradient accumulation over micro-batches). A longer sample trains whole, alone in its micro-batch; with --device-memory it must fit too, or the step stops before loading weights, naming it' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l logprob-chunk -d 'Positions per chunk of the LM head (0 = off: all scored positions at once)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l max-grad-norm -d 'Gradient-norm clip (0 = off)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand train-step" -l tis-cap -d 'Truncated importance-sampling cap on π_old/π_rollout per token (off when absent; the cap of --is-correction tis, 2.0 there when absent)' -r

@@ -97,7 +97,9 @@ pub struct TrainStepArgs {
     /// Optimizer updates per step (mini-batches of whole groups).
     #[arg(long, default_value_t = 1)]
     pub updates: usize,
-    /// Tokens per packed micro-batch (gradient accumulation over micro-batches).
+    /// Tokens per packed micro-batch (gradient accumulation over micro-batches). A longer sample
+    /// trains whole, alone in its micro-batch; with --device-memory it must fit too, or the step
+    /// stops before loading weights, naming it.
     #[arg(long, default_value_t = 8192)]
     pub micro_batch_tokens: usize,
     /// Recompute each layer's activations in the backward pass (per-layer activation
@@ -364,7 +366,7 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
     let cfg = crate::model::Config::from_file(&args.checkpoint.join("config.json"))
         .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
     if let Some(mem) = args.device_memory {
-        let plan = memory_plan(&args, &resolved, &cfg, pg.world_size(), Some(mem))?;
+        let plan = memory_plan(&args, &resolved, &cfg, pg.world_size(), Some(mem), None)?;
         if plan.fits == Some(false) {
             anyhow::bail!(
                 "this step does not fit in --device-memory ({} bytes per device); nothing was loaded. \
@@ -374,10 +376,6 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             );
         }
     }
-    let settings = Settings {
-        zero: resolved.zero(pg.world_size()),
-        ..resolved.train
-    };
     tch::manual_seed(args.seed);
     let samples: Vec<Sample> = read_all(
         &args.input,
@@ -386,6 +384,35 @@ pub fn run(args: TrainStepArgs, _global: &GlobalArgs) -> anyhow::Result<Outcome>
             ..ReadOptions::default()
         },
     )?;
+    // A sample longer than a micro-batch trains whole, alone in its micro-batch: with a device
+    // memory given, the longest such sample must fit too, or the step stops here, naming it,
+    // before any weight is loaded.
+    if let Some(mem) = args.device_memory {
+        let longest = samples
+            .iter()
+            .max_by_key(|s| s.token_ids.len())
+            .filter(|s| s.token_ids.len() > resolved.train.micro_batch_tokens);
+        if let Some(s) = longest {
+            let n = s.token_ids.len() as u64;
+            let plan = memory_plan(&args, &resolved, &cfg, pg.world_size(), Some(mem), Some(n))?;
+            if plan.fits == Some(false) {
+                anyhow::bail!(
+                    "{}: sample `{}` has {n} tokens, more than --micro-batch-tokens {}; it trains whole, \
+                     alone in its micro-batch, and that needs {} bytes per device, more than \
+                     --device-memory {mem}; nothing was loaded. The plan at {n} tokens:\n{}",
+                    args.input.display(),
+                    s.id,
+                    resolved.train.micro_batch_tokens,
+                    plan.total,
+                    plan.table()
+                );
+            }
+        }
+    }
+    let settings = Settings {
+        zero: resolved.zero(pg.world_size()),
+        ..resolved.train
+    };
     let mut trainer = if args.expert_parallel > 1 {
         let groups = pg.expert_groups(args.expert_parallel)?;
         Trainer::load_expert_parallel(&args.checkpoint, device, resolved.dtype, groups)
@@ -460,6 +487,7 @@ fn memory_plan(
     cfg: &crate::model::Config,
     world: usize,
     device_memory: Option<u64>,
+    tokens: Option<u64>,
 ) -> anyhow::Result<Plan> {
     let stored_dtype = cfg
         .dtype
@@ -474,7 +502,7 @@ fn memory_plan(
         zero: resolved.zero(world),
         dtype: resolved.dtype.unwrap_or(stored_dtype),
         stored_dtype,
-        micro_batch_tokens: t.micro_batch_tokens as u64,
+        micro_batch_tokens: tokens.unwrap_or(t.micro_batch_tokens as u64),
         activation_checkpointing: t.activation_checkpointing,
         logprob_chunk: t.logprob_chunk.map(|c| c as u64),
         bucket_elems: t.bucket_elems as u64,
@@ -498,7 +526,7 @@ fn print_plan(args: &TrainStepArgs, resolved: &Resolved) -> anyhow::Result<Outco
         .or_else(|| env("SLURM_NTASKS"))
         .or(args.nproc_per_node)
         .unwrap_or(1);
-    let plan = memory_plan(args, resolved, &cfg, world, args.device_memory)?;
+    let plan = memory_plan(args, resolved, &cfg, world, args.device_memory, None)?;
     let text = match args.format {
         PlanFormat::Table => plan.table(),
         PlanFormat::Json => serde_json::to_string_pretty(&plan)? + "\n",

@@ -464,3 +464,62 @@ fn fp32_compute_of_a_bf16_checkpoint_plans_its_masters() {
     );
     assert!(u(&plain, &["total"]) < u(&up, &["total"]));
 }
+
+/// A sample longer than a micro-batch trains whole, alone: with --device-memory, a step whose
+/// micro-batch fits but whose longest sample does not stops before loading weights, naming the
+/// sample, its length and the figure. The same samples without that one pass the check (the
+/// step then fails later only because the checkpoint has no weights).
+#[test]
+fn a_sample_too_long_to_fit_stops_the_step_by_name() {
+    use lego_rl::records::{LossMask, Packed, Record, Sample};
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    std::fs::copy(
+        root().join("testdata/models/tiny-qwen3/config.json"),
+        ckpt.join("config.json"),
+    )
+    .unwrap();
+    let sample = |id: &str, n: usize| Sample {
+        schema: Sample::SCHEMA.into(),
+        id: format!("{id}#0.0"),
+        trajectory_id: id.into(),
+        task_id: "task".into(),
+        group_id: 0,
+        sample_index: 0,
+        thread: 0,
+        segment: 0,
+        token_ids: (0..n as u32).map(|t| t % 4096).collect(),
+        loss_mask: LossMask::from_dense(&(0..n).map(|t| t >= n / 2).collect::<Vec<_>>()),
+        rollout_logprobs: Packed::f32_vec(&vec![-8.3; n - n / 2]),
+        sampling: Vec::new(),
+        routing: None,
+        reward: 1.0,
+        weight: 1.0,
+        policy_version: 0,
+        policy_versions: Vec::new(),
+        metadata: Default::default(),
+    };
+    let run = |samples: &[Sample]| {
+        let input = dir.path().join("samples.jsonl.zst");
+        super::train::write_samples(&input, samples);
+        let out = lego()
+            .args(["train-step", "--checkpoint"])
+            .arg(&ckpt)
+            .arg("-i")
+            .arg(&input)
+            .arg("--out")
+            .arg(dir.path().join("out"))
+            .args(["--micro-batch-tokens", "512", "--device-memory", "2.5GB"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&[sample("short", 400), sample("long", 200_000)]);
+    assert!(err.contains("sample `long#0.0` has 200000 tokens"), "{err}");
+    assert!(err.contains("nothing was loaded"), "{err}");
+    assert!(err.contains("does not fit: "), "the plan is in the error: {err}");
+    let err = run(&[sample("short", 400), sample("longer", 2000)]);
+    assert!(!err.contains("has 2000 tokens"), "{err}");
+    assert!(!err.contains("nothing was loaded"), "{err}");
+}
