@@ -18,11 +18,13 @@
 #   train        one GSPO train-step in bf16 with fp32 master weights: tokens/s, MFU against the
 #                H200's bf16 peak, peak memory against `train-step --plan`
 #   reference    the same step in plain torch on the same shapes (scripts/gpu/check_helper.py)
+#   long         one train-step of one $LONG-token sequence (default 32768; CPU 2048), bf16 with
+#                masters and activation checkpointing: tokens/s, peak memory against `--plan`
 #   decode       engine decode tokens/s, one stream and $STREAMS (default 16) at once
 #   collectives  2 Gloo ranks on the one device (every collective on its tensors), NCCL at world 1
 # Then $OUT/gpu-figures.json and $OUT/gpu-figures.md (also printed). Exit 0 when every step passed,
 # 1 otherwise. Environment: OUT, LEGO_RL_PYTHON (default /opt/torch/.venv/bin/python, else the
-# checkout's .venv), LAYERS, STREAMS, SEQS, PROMPT, NEW (batch shape), LEGO_RL_PEAK_FLOPS.
+# checkout's .venv), LAYERS, STREAMS, SEQS, PROMPT, NEW (batch shape), LONG, LEGO_RL_PEAK_FLOPS.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mode=gpu
@@ -56,10 +58,10 @@ if [ "$mode" = gpu ]; then
   # agreement and decode steps past their bounds, while shorter runs decoded at 237 tok/s (one
   # stream) and 463 tok/s (16 streams): see the closing note of that session.
   device=cuda layers=${LAYERS:-2} seqs=${SEQS:-16} prompt=${PROMPT:-128} new=${NEW:-128} streams=${STREAMS:-16}
-  micro=8192
+  micro=8192 long=${LONG:-32768}
 else
   device=cpu layers=2 seqs=${SEQS:-8} prompt=${PROMPT:-16} new=${NEW:-16} streams=${STREAMS:-4}
-  micro=4096
+  micro=4096 long=${LONG:-2048}
 fi
 model=$work/model tiny=$work/tiny-bf16
 
@@ -84,7 +86,7 @@ step() {
   "$py" -c 'import json, sys; print(json.dumps({"step": sys.argv[1], "status": sys.argv[2], "rc": int(sys.argv[3]), "seconds": float(sys.argv[4]), "error": sys.argv[5] or None}))' \
     "$name" "$status" "$rc" "$(((end - start) / 1000000))e-3" "$error" >>"$out/steps.jsonl"
 }
-export bin py helper out work device layers seqs prompt new streams micro model tiny mode root
+export bin py helper out work device layers seqs prompt new streams micro long model tiny mode root
 
 # metric FILE KEY: one key of the last record of a metrics file (zstd JSONL: lego-rl reads it, as the
 # machine's Python has no zstandard).
@@ -166,6 +168,30 @@ json.dump({"train_tokens_per_second": m.get("tokens_per_second"), "train_peak_me
     "$work" "$out/figures/train.json" "$mode"
 }
 
+# One sequence of $long tokens (issue 55): a packed row attends per sequence with no [T, T] mask and
+# the head is chunked, so the step's memory is linear in the tokens; the plan is checked here.
+s_long() {
+  set -e
+  local c; c=$(ckpt_of)
+  "$py" "$helper" long-sample "$work/long.jsonl" "$c" "$long"
+  local flags=(--micro-batch-tokens "$long" --activation-checkpointing --loss sft)
+  "$bin" train-step --plan --checkpoint "$c" "${flags[@]}" --format json >"$work/long-plan.json"
+  rm -rf "$work/long-out" "$work/long-m.jsonl"
+  "$py" "$helper" measure "$work/long-measure.json" -- "$bin" train-step --checkpoint "$c" --device "$device" \
+    -i "$work/long.jsonl" --out "$work/long-out" --metrics "$work/long-m.jsonl" "${flags[@]}"
+  rm -rf "$work/long-out"
+  last_record "$work/long-m.jsonl"
+  "$py" -c '
+import json, sys
+w = sys.argv[1]
+m = json.load(open(f"{w}/long-m.jsonl.last.json"))
+meas, plan = json.load(open(f"{w}/long-measure.json")), json.load(open(f"{w}/long-plan.json"))
+peak = meas.get("peak_gpu_bytes") if sys.argv[3] == "gpu" else meas["peak_rss_bytes"]
+json.dump({"long_tokens": int(sys.argv[4]), "long_tokens_per_second": m.get("tokens_per_second"),
+           "long_peak_memory_bytes": peak, "long_plan_total_bytes": plan["total"]}, open(sys.argv[2], "w"))' \
+    "$work" "$out/figures/long.json" "$mode" "$long"
+}
+
 s_reference() {
   set -e
   "$py" "$helper" reference "$(ckpt_of)" "$device" "$seqs" "$((prompt + new))" "$prompt" "$micro" "$work/reference.json"
@@ -216,14 +242,16 @@ s_tiny_samples() {
 }
 
 say "mode $mode, binary $bin, python $py, out $out"
-# The bounds add up to 520 s: within the 9 minutes the whole check may take on an H200 (a 10-minute
-# call). The first H200 run took 51 s for train (of 80), 25 s for reference and 11 s for collectives.
+# The bounds add up to 540 s: within the 9 minutes the whole check may take on an H100 or H200 (a
+# 10-minute call). The first H200 run took 51 s for train (of 80), 25 s for reference and 11 s for
+# collectives; long (a 32k-token step of the same 2-layer model) is new and unmeasured.
 step env 30 s_env
 step model 60 s_model
-step agreement 140 s_agreement
+step agreement 130 s_agreement
 step train 80 s_train
-step reference 60 s_reference
-step decode 70 s_decode
+step reference 50 s_reference
+step long 50 s_long
+step decode 60 s_decode
 step tiny-samples 20 s_tiny_samples
 step collectives 60 s_collectives
 "$py" "$helper" report "$out"

@@ -318,10 +318,35 @@ FIGURES = [
     ("decode_tokens_per_second_1", "decode", "engine decode, 1 stream", "tok/s"),
     ("decode_tokens_per_second_batched", "decode", "engine decode, batched", "tok/s"),
     ("decode_batched_streams", "decode", "batched streams", ""),
+    ("long_tokens", "long", "long-context step: tokens in one sequence", ""),
+    ("long_tokens_per_second", "long", "long-context step tokens/s", "tok/s"),
+    ("long_peak_memory_bytes", "long", "long-context step peak memory", "B"),
+    ("long_plan_total_bytes", "long", "long-context --plan prediction", "B"),
+    ("long_peak_over_plan", "long", "long-context peak / plan", ""),
     ("gloo_2_ranks_ok", "collectives", "2 Gloo ranks, tensors on the device", ""),
     ("gloo_2_ranks_tokens_per_second", "collectives", "2 Gloo ranks tokens/s", "tok/s"),
     ("nccl_1_rank_ok", "collectives", "NCCL at world size 1", ""),
 ]
+
+
+def long_sample(out, ckpt, tokens):
+    """One sample of TOKENS tokens (the second half scored) for the long-context step: random ids
+    below the vocabulary, rollout log-probs a constant (the step trains it with `--loss sft`,
+    whose passes and saved tensors are GSPO's; one sequence alone has no group advantage)."""
+    import base64, random, struct
+    cfg = json.load(open(os.path.join(ckpt, "config.json")))
+    vocab = cfg.get("text_config", cfg)["vocab_size"]
+    n = int(tokens)
+    rng = random.Random(0)
+    scored = n - n // 2
+    lp = struct.pack(f"<{scored}f", *([-10.0] * scored))
+    rec = {"schema": "lego-rl/sample/v1", "id": "long#0.0", "trajectory_id": "long", "task_id": "long",
+           "group_id": 0, "sample_index": 0, "token_ids": [rng.randrange(min(vocab, 151643)) for _ in range(n)],
+           "loss_mask": [n // 2, scored],
+           "rollout_logprobs": {"dtype": "f32", "shape": [scored], "data": base64.b64encode(lp).decode()},
+           "reward": 1.0, "weight": 1.0, "policy_version": 0}
+    with open(out, "w") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 def load(path, default=None):
@@ -344,6 +369,8 @@ def report(out):
         figures["train_mfu"] = figures["train_tokens_per_second"] * flops_per_token(cfg, derived["seq_len"]) / peak
     if figures.get("train_peak_memory_bytes") and figures.get("train_plan_total_bytes"):
         figures["train_peak_over_plan"] = figures["train_peak_memory_bytes"] / figures["train_plan_total_bytes"]
+    if figures.get("long_peak_memory_bytes") and figures.get("long_plan_total_bytes"):
+        figures["long_peak_over_plan"] = figures["long_peak_memory_bytes"] / figures["long_plan_total_bytes"]
     if figures.get("train_tokens_per_second") and figures.get("reference_tokens_per_second"):
         figures["train_over_reference"] = figures["train_tokens_per_second"] / figures["reference_tokens_per_second"]
     status = {s["step"]: s for s in steps}
@@ -398,6 +425,8 @@ def main(argv):
     elif cmd == "reference":
         ckpt, device, seqs, length, prompt, micro, out = args
         reference(ckpt, device, int(seqs), int(length), int(prompt), int(micro), out)
+    elif cmd == "long-sample":
+        long_sample(*args)
     elif cmd == "report":
         report(args[0])
     else:

@@ -177,6 +177,11 @@ fn check_script_on_cpu_prints_every_figure() {
         "decode_tokens_per_second_1",
         "decode_tokens_per_second_batched",
         "gloo_2_ranks_tokens_per_second",
+        "long_tokens",
+        "long_tokens_per_second",
+        "long_peak_memory_bytes",
+        "long_plan_total_bytes",
+        "long_peak_over_plan",
     ] {
         assert!(f[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {}", f[key]);
     }
