@@ -184,18 +184,19 @@ pub fn copy_bytes(params: &[(String, Tensor)], grads: &[Option<Tensor>]) -> u64 
         .sum()
 }
 
-/// Σ g² in f64 over `grads` (whole tensors or this rank's chunks).
+/// Σ g² in f64 over `grads` (whole tensors or this rank's chunks), with one device→host read
+/// for all of them: each tensor's sum stays on the device and only their total comes back (a read
+/// per tensor was a host synchronisation per parameter: 789 per step on 2 layers).
 pub fn sum_squares<'a>(grads: impl IntoIterator<Item = &'a Tensor>) -> f64 {
     let _g = tch::no_grad_guard();
-    grads
+    let sums: Vec<Tensor> = grads
         .into_iter()
-        .map(|g| {
-            g.to_kind(Kind::Double)
-                .pow_tensor_scalar(2)
-                .sum(Kind::Double)
-                .double_value(&[])
-        })
-        .sum()
+        .map(|g| g.to_kind(Kind::Double).pow_tensor_scalar(2).sum(Kind::Double))
+        .collect();
+    if sums.is_empty() {
+        return 0.0;
+    }
+    Tensor::stack(&sums, 0).sum(Kind::Double).double_value(&[])
 }
 
 #[cfg(test)]
