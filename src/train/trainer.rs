@@ -348,20 +348,12 @@ impl Trainer {
                 p.zero_grad();
             }
             self.backward(&batch, &my_idx, &obj.coef, &is_weights, s)?;
-            let up = match self.sync_and_update(&params, s, pg) {
-                Err(TrainError::NonFinite {
-                    what: "gradient norm",
-                    value,
-                }) => {
-                    let grads = Backward {
-                        batch: &batch,
-                        coef: &obj.coef,
-                        is_weights: &is_weights,
-                    };
-                    return Err(self.blame_gradient(&grads, &my_idx, &all_params, value, s));
-                }
-                r => r?,
+            let grads = Backward {
+                batch: &batch,
+                coef: &obj.coef,
+                is_weights: &is_weights,
             };
+            let up = self.update_or_blame(&params, &all_params, (&grads, &my_idx), s, pg)?;
             grad_norms.push(up.norm);
             lr_used = Some(up.lr);
             copies = copies.max(up.copy_bytes);
@@ -399,16 +391,30 @@ impl Trainer {
         m.by_harness = super::harness_metrics::by_harness(samples, &batch, &old);
         m.routing_replay = (self.model.lm.moe_layers() > 0).then_some(s.replay);
         if m.routing_replay == Some(true) {
-            // Tokens of samples without recorded routing ran on the trainer's own routing.
-            let (missing, total) = batch.seqs.iter().fold((0usize, 0usize), |(m, t), q| {
-                let n = q.pred_at.len();
-                (m + if q.routing.is_none() { n } else { 0 }, t + n)
-            });
-            m.unreplayed_token_fraction = (total > 0).then(|| missing as f64 / total as f64);
+            m.unreplayed_token_fraction = unreplayed_fraction(&batch);
         }
         super::correction::record(&s.corrections(), &is_stats, &mut m);
         self.memory_metrics(&mut m, &params, pg, copies);
         Ok(m)
+    }
+
+    /// [`Self::sync_and_update`]; a non-finite gradient norm becomes an error naming the sample
+    /// of `grads.1` (this rank's sequences) whose gradient alone is non-finite.
+    fn update_or_blame(
+        &mut self,
+        params: &[(String, Tensor)],
+        all_params: &[(String, Tensor)],
+        grads: (&Backward, &[usize]),
+        s: &Settings,
+        pg: &ProcessGroup,
+    ) -> Result<super::groups::Update, TrainError> {
+        match self.sync_and_update(params, s, pg) {
+            Err(TrainError::NonFinite {
+                what: "gradient norm",
+                value,
+            }) => Err(self.blame_gradient(grads.0, grads.1, all_params, value, s)),
+            r => r,
+        }
     }
 
     /// Backpropagates Σ c_t·log π_θ(t) of this rank's sequences `my_idx` into the accumulated
@@ -568,4 +574,14 @@ fn terms_of(batch: &Batch, in_chunk: &[bool]) -> Vec<TrajTerm> {
         }
     }
     terms
+}
+
+/// The share of scored tokens whose sample has no recorded routing (they ran on the trainer's own
+/// routing under replay); `None` with no scored token.
+fn unreplayed_fraction(batch: &Batch) -> Option<f64> {
+    let (missing, total) = batch.seqs.iter().fold((0usize, 0usize), |(m, t), q| {
+        let n = q.pred_at.len();
+        (m + if q.routing.is_none() { n } else { 0 }, t + n)
+    });
+    (total > 0).then(|| missing as f64 / total as f64)
 }
