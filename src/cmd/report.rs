@@ -40,6 +40,11 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// Live mode (`--serve`) serves the same page read-only on `--bind` (loopback by default) with
 /// JSON endpoints `/api/summary` and `/api/trajectory?id=<id>`; the page polls every few
 /// seconds and follows files that rollout, train-step and validate are still appending to.
+/// Every request's `Host` must be the bound address (a page on another name cannot reach it
+/// by DNS rebinding), and a POST needs a same-origin `Origin` and a JSON body. Binding beyond
+/// loopback needs `--token T`: every request then carries it, as `Authorization: Bearer T` or
+/// the cookie that opening `/?token=T` once sets. The `#traj=<id>&ask` link opens the Ask box
+/// and waits for a click: no link spends tokens on its own.
 ///
 /// Behaviour diagnostics (re-read after edit, files viewed before the first edit, success
 /// after a failed command) are inferred from the OpenAI/Anthropic requests the proxy captured;
@@ -53,6 +58,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   infra_failure_fraction >= 0.05        malformed_tool_call_rate >= 0.1
 ///   staleness_mean >= 1.5                 logprob_pearson < 0.995
 ///   prefix_cache_hit_rate < 0.5           audit (any audit kind's trajectory fraction) > 0
+///   suspected_hack_rate > 0 (rewarded trajectories with a hack_* signal or outside_read)
 ///   response_tokens_growth >= 1.5 (over the run's first steps; from 3 steps on)
 ///   logprob_pearson_decline >= 0.002 (below the best of the 3 previous steps; from 3 steps on)
 /// `audit:KIND=VALUE` sets one audit kind's threshold.
@@ -71,6 +77,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   lego-rl report run/ -o run/report/
 ///   lego-rl report run/ -o run/report/ --advisory truncated_fraction=0.1 --advisory audit=off
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
+///   lego-rl report run/ --serve --bind 0.0.0.0:8470 --token "$(openssl rand -hex 16)"
 ///   lego-rl report run/ --serve --assistant http://127.0.0.1:8000/v1 --assistant-model Qwen/Qwen3-32B
 ///   lego-rl report run/ -o run/report/ --summarize --assistant embedded:run/checkpoints/step-000004
 #[derive(Args, Debug)]
@@ -91,6 +98,11 @@ pub struct ReportArgs {
     /// Address to serve on (port 0 picks a free port; the address is printed on stdout).
     #[arg(long, default_value = DEFAULT_BIND, requires = "serve")]
     pub bind: String,
+    /// Token every request to the live UI must carry (needed to bind beyond loopback; at
+    /// least 16 characters of [A-Za-z0-9_-]). Open /?token=T once in the browser. The
+    /// environment variable keeps it out of `ps`.
+    #[arg(long, value_name = "T", env = crate::env::REPORT_TOKEN, hide_env_values = true)]
+    pub token: Option<String>,
     /// Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above).
     #[arg(long = "advisory", value_name = "NAME=VALUE")]
     pub advisories: Vec<String>,
@@ -151,7 +163,11 @@ enum Mode {
         summarize: Option<SummarizeSettings>,
     },
     /// The live UI on `bind`; the assistant's conversations are saved to `conversations`.
-    Serve { bind: String, conversations: PathBuf },
+    Serve {
+        bind: String,
+        conversations: PathBuf,
+        token: Option<String>,
+    },
 }
 
 impl Resolved {
@@ -197,9 +213,16 @@ impl Resolved {
                      records; --strict applies to the static report"
                 );
             }
-            std::net::ToSocketAddrs::to_socket_addrs(args.bind.as_str())
-                .with_context(|| format!("--bind {}: expected HOST:PORT", args.bind))?;
+            let addrs: Vec<std::net::SocketAddr> =
+                std::net::ToSocketAddrs::to_socket_addrs(args.bind.as_str())
+                    .with_context(|| format!("--bind {}: expected HOST:PORT", args.bind))?
+                    .collect();
+            // The guard's own checks, before an embedded assistant takes its time to load.
+            for a in addrs {
+                crate::report::guard::Guard::new(a, args.token.clone())?;
+            }
             Mode::Serve {
+                token: args.token,
                 conversations: args
                     .conversations
                     .unwrap_or_else(|| args.run.join("report/conversations.jsonl")),
@@ -250,8 +273,13 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     };
     let run = &resolved.run;
     match resolved.mode {
-        Mode::Serve { bind, conversations } => {
+        Mode::Serve {
+            bind,
+            conversations,
+            token,
+        } => {
             let live = LiveOptions {
+                token,
                 assist: assistant.map(|assistant| Assist {
                     assistant,
                     conversations,

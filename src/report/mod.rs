@@ -5,7 +5,9 @@
 pub mod advisories;
 pub mod assist;
 pub mod behaviour;
+pub mod conversation;
 pub mod data;
+pub mod guard;
 pub mod harness;
 pub mod html;
 pub mod pool;
@@ -44,6 +46,8 @@ pub enum ReportError {
     Serve(#[source] std::io::Error),
     #[error("assistant: {0}")]
     Assist(String),
+    #[error(transparent)]
+    Guard(#[from] guard::GuardError),
 }
 
 /// The error of writing CSV table `name` (a row's `csv::Error`, or the final flush's
