@@ -40,7 +40,7 @@ pub(crate) fn small_run(dir: &Path) -> (PathBuf, Synth) {
 
 /// The longest request of the real Claude Code capture in testdata, as one trajectory's
 /// generation: a long instruction with system reminders, file reads and edits.
-fn claude_code_trajectory(s: &Synth) -> Trajectory {
+pub(crate) fn claude_code_trajectory(s: &Synth) -> Trajectory {
     let path = root().join("testdata/harness-traffic/claude-code/requests.jsonl");
     let body = std::fs::read_to_string(path)
         .unwrap()

@@ -33,7 +33,12 @@ impl Browser {
     pub(crate) fn open(bin: &Path, profile: &Path, extra: &[&str], url: &str) -> Browser {
         let (to_chrome_r, to_chrome_w) = std::io::pipe().unwrap();
         let (from_chrome_r, from_chrome_w) = std::io::pipe().unwrap();
-        let (r, w) = (to_chrome_r.as_raw_fd(), from_chrome_w.as_raw_fd());
+        // Copies above the fds the child gets (3 and 4), so that neither dup2 below overwrites
+        // the other's source when the pipes happen to be on 3 or 4 already.
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on open fds; the copies are closed after the spawn.
+        let high = |fd: i32| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+        let (r, w) = (high(to_chrome_r.as_raw_fd()), high(from_chrome_w.as_raw_fd()));
+        assert!(r >= 100 && w >= 100, "fcntl: {}", std::io::Error::last_os_error());
         let mut cmd = Command::new(bin);
         cmd.args([
             "--headless",
@@ -61,6 +66,11 @@ impl Browser {
             });
         }
         let child = cmd.spawn().unwrap();
+        // SAFETY: the copies made above, owned by nothing else.
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
         drop((to_chrome_r, from_chrome_w));
         let (tx, rx) = channel();
         std::thread::spawn(move || {

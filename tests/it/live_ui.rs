@@ -332,7 +332,11 @@ fn a_deep_link_opens_the_ask_box_and_waits_for_a_click() {
     std::thread::sleep(std::time::Duration::from_secs(3));
     let dom = b.dom();
     assert!(dom.contains("press Ask to send"), "the box says it waits");
-    assert_eq!(b.eval("document.querySelectorAll('.ask-answer').length"), json!(0), "nothing asked");
+    assert_eq!(
+        b.eval("document.querySelectorAll('.ask-answer').length"),
+        json!(0),
+        "nothing asked"
+    );
     assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
     b.eval("document.getElementById('ask-go').click()");
     assert!(

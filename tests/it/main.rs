@@ -36,6 +36,7 @@ mod prefix_cache;
 mod proxy;
 mod proxy_sdk;
 mod report;
+mod report_whole;
 mod retry;
 mod rollout;
 mod runtime;
