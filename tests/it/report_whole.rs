@@ -79,14 +79,14 @@ fn a_trained_trajectory_shows_train_steps_agreement() {
     let dir = tempfile::tempdir().unwrap();
     let (run, s) = small_run(dir.path());
     let id = trajectory(&s, 0, 0, 0, 0).id;
-    // Before training: nothing recorded, and the prompt says so.
+    // Before training: no train-step figures (only the fixture's per-token differences).
     let (upstream, _) = failing_endpoint();
     let (server, addr) = serve(&run, &[format!("--assistant={upstream}")]);
     let p = prompt_of(&addr, &id);
+    let user = p["user"].as_str().unwrap();
     assert!(
-        p["user"].as_str().unwrap().contains("not recorded"),
-        "{}",
-        p["user"]
+        !user.contains("## Rollout-vs-trainer agreement\ntrain-step"),
+        "{user}"
     );
     drop(server);
     // One real train-step on samples of that trajectory (a perfect rollout engine: the
