@@ -235,6 +235,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -s V -l versio
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s o -l output -d 'Output directory for index.html and the CSV files (default RUN/report)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l max-trajectories -d 'Trajectories whose full detail the static page embeds' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l bind -d 'Address to serve on (port 0 picks a free port; the address is printed on stdout)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l token -d 'Token every request to the live UI must carry (needed to bind beyond loopback; at least 16 characters of [A-Za-z0-9_-]). Open /?token=T once in the browser. The environment variable keeps it out of `ps`' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l advisory -d 'Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant -d 'The diagnostic assistant: an OpenAI-compatible base URL (http://host:8000/v1) or embedded:CKPT_DIR (served in-process on CPU)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-model -d 'Model name sent to an assistant URL' -r
