@@ -77,7 +77,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   lego-rl report run/ -o run/report/
 ///   lego-rl report run/ -o run/report/ --advisory truncated_fraction=0.1 --advisory audit=off
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
-///   lego-rl report run/ --serve --bind 0.0.0.0:8470 --token "$(openssl rand -hex 16)"
+///   LEGO_RL_REPORT_TOKEN=$(openssl rand -hex 16) lego-rl report run/ --serve --bind 0.0.0.0:8470
 ///   lego-rl report run/ --serve --assistant http://127.0.0.1:8000/v1 --assistant-model Qwen/Qwen3-32B
 ///   lego-rl report run/ -o run/report/ --summarize --assistant embedded:run/checkpoints/step-000004
 #[derive(Args, Debug)]
