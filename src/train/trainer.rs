@@ -400,7 +400,6 @@ impl Trainer {
             },
         );
         m.by_harness = super::harness_metrics::by_harness(samples, &batch, &old);
-        m.by_trajectory = super::harness_metrics::by_trajectory(&batch, &old);
         m.routing_replay = (self.model.lm.moe_layers() > 0).then_some(s.replay);
         if m.routing_replay == Some(true) {
             // Tokens of samples without recorded routing ran on the trainer's own routing.
