@@ -12,6 +12,7 @@ use super::Outcome;
 use crate::io::{ReadOptions, TornTail};
 use crate::report::advisories::Thresholds;
 use crate::report::assist::ask::Assist;
+use crate::report::assist::review::{review, ReviewSettings};
 use crate::report::assist::summarize::{summarize, SummarizeSettings};
 use crate::report::assist::{Assistant, AssistantSettings, AssistantSpec, API_KEY_ENV};
 use crate::report::serve::LiveOptions;
@@ -69,7 +70,10 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// mattered?) answered, streaming, from a prompt built from its record within the assistant's
 /// context (the page shows the exact prompt and what it left out); conversations can be saved
 /// to `--conversations`. `--summarize` (static mode) asks for a one-line cause of every failed or
-/// infra-failed trial and groups them into OUT/diagnosis.md and OUT/diagnosis.csv. Nothing is
+/// infra-failed trial and groups them into OUT/diagnosis.md and OUT/diagnosis.csv. `--review`
+/// asks, of every rewarded trial with a hack signal and `--review-sample` others, whether the
+/// reward was earned by a real fix (record, diff, the grader's tests and the signals in the
+/// prompt) into OUT/review.md, OUT/review.csv and the page. Nothing is
 /// sent anywhere without `--assistant`. The API key, if the endpoint needs one, is read from
 /// the environment variable named by `--assistant-api-key-env`.
 ///
@@ -142,6 +146,14 @@ pub struct ReportArgs {
     /// Retries of a failed request before the trial's cause is recorded as unknown.
     #[arg(long, default_value_t = 2, value_name = "N", requires = "summarize")]
     pub summarize_retries: u32,
+    /// Ask the assistant whether each rewarded trial with a hack signal, and a sample of the
+    /// others, earned its reward; write OUT/review.md and OUT/review.csv and show the verdicts
+    /// on the page (advice: validate's suspected_hack_rate is the gate).
+    #[arg(long, requires = "assistant", conflicts_with = "serve")]
+    pub review: bool,
+    /// Rewarded trials without a signal reviewed too (the same ones on every run).
+    #[arg(long, default_value_t = 8, value_name = "N", requires = "review")]
+    pub review_sample: usize,
 }
 
 /// What `report` does, worked out from its flags before any work starts (an embedded assistant
@@ -161,6 +173,7 @@ enum Mode {
         max_trajectories: usize,
         strict: bool,
         summarize: Option<SummarizeSettings>,
+        review: Option<ReviewSettings>,
     },
     /// The live UI on `bind`; the assistant's conversations are saved to `conversations`.
     Serve {
@@ -189,8 +202,10 @@ impl Resolved {
             args.assistant_context != Some(0),
             "--assistant-context 0: need at least 1"
         );
-        if args.assistant.is_some() && !args.serve && !args.summarize {
-            anyhow::bail!("--assistant is used by --serve (the Ask box) or --summarize; give one of them");
+        if args.assistant.is_some() && !args.serve && !args.summarize && !args.review {
+            anyhow::bail!(
+                "--assistant is used by --serve (the Ask box), --summarize or --review; give one of them"
+            );
         }
         if let Some(AssistantSpec::Embedded(_)) = &args.assistant {
             if args.assistant_model.is_some() {
@@ -238,6 +253,12 @@ impl Resolved {
                     max_prompt_tokens: args.summarize_tokens,
                     retries: args.summarize_retries,
                     progress: crate::ui::progress_enabled(global),
+                }),
+                review: args.review.then_some(ReviewSettings {
+                    sample: args.review_sample,
+                    concurrency: 4,
+                    max_prompt_tokens: 4096,
+                    retries: 2,
                 }),
             }
         };
@@ -296,9 +317,21 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
             max_trajectories,
             strict,
             summarize: summarize_settings,
+            review: review_settings,
         } => {
             let mut files = Vec::new();
             let mut embed = HashSet::new();
+            let mut reviews = Vec::new();
+            if let (Some(s), Some(assistant)) = (review_settings, assistant.clone()) {
+                let run_files = RunFiles::discover(run, false)?;
+                let opts = ReadOptions {
+                    strict,
+                    torn_tail: TornTail::Error,
+                };
+                let r = rt.block_on(review(&run_files, opts, assistant, &s, &output))?;
+                files.extend(r.files);
+                reviews = r.reviews;
+            }
             if let (Some(s), Some(assistant)) = (summarize_settings, assistant) {
                 let run_files = RunFiles::discover(run, false)?;
                 let opts = ReadOptions {
@@ -323,6 +356,7 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
                 strict,
                 advisories: resolved.thresholds,
                 embed,
+                reviews,
             };
             let w = write_static(&settings)?;
             files.extend(w.files);

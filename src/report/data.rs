@@ -132,6 +132,9 @@ pub struct GroupRow {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReportData {
     pub run: String,
+    /// `report --review`'s verdicts by trajectory id (static mode), shown on the trajectory.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reviews: BTreeMap<String, crate::report::assist::review::Review>,
     pub live: bool,
     pub steps: Vec<StepRow>,
     pub tasks: Vec<GroupRow>,

@@ -38,6 +38,7 @@ mod proxy_sdk;
 mod report;
 mod report_whole;
 mod retry;
+mod review;
 mod rollout;
 mod runtime;
 mod sampling;
