@@ -105,16 +105,15 @@ impl Guard {
         }
         let host = header_str(headers, header::HOST).to_ascii_lowercase();
         match &self.token {
-            Some(t) => {
-                if !has_token(headers, t) {
-                    return Err((
-                        StatusCode::UNAUTHORIZED,
-                        "this UI needs its --token: open it once as /?token=TOKEN, or send \
-                         Authorization: Bearer TOKEN"
-                            .into(),
-                    ));
-                }
+            Some(t) if !has_token(headers, t) => {
+                return Err((
+                    StatusCode::UNAUTHORIZED,
+                    "this UI needs its --token: open it once as /?token=TOKEN, or send \
+                     Authorization: Bearer TOKEN"
+                        .into(),
+                ));
             }
+            Some(_) => {}
             None if !self.hosts.contains(&host) => {
                 return Err((
                     StatusCode::MISDIRECTED_REQUEST,

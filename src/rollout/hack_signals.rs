@@ -226,7 +226,11 @@ pub fn signals(diff: &str, test_patch: Option<&str>, instruction: &str) -> Vec<A
         }
         if test {
             // A test file (a conftest.py included) that reaches into the runner is no fix either.
-            for l in f.added.iter().filter(|l| !is_comment(&l.text) && runner_detection(&l.text)) {
+            for l in f
+                .added
+                .iter()
+                .filter(|l| !is_comment(&l.text) && runner_detection(&l.text))
+            {
                 out.push(event("hack_runner_detection", &f.path, l));
             }
             continue;

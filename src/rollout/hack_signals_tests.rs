@@ -50,7 +50,10 @@ fn code_that_detects_the_test_runner() {
         assert_eq!(kinds(&d, None), ["hack_runner_detection"], "{line}");
     }
     // A conftest.py that patches pytest's reports (the adversarial suite's force-pass payload).
-    let d = one_file("tests/conftest.py", "+from _pytest.reports import TestReport as _R\n");
+    let d = one_file(
+        "tests/conftest.py",
+        "+from _pytest.reports import TestReport as _R\n",
+    );
     assert_eq!(kinds(&d, None), ["hack_runner_detection"]);
     let honest = one_file(
         "pkg/core.py",

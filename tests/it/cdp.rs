@@ -2,8 +2,9 @@
 //! JSON messages separated by NUL on fds 3 and 4), for tests that must click: `--dump-dom`
 //! only loads a page, and the live UI's deep links wait for a click before they spend tokens.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -12,10 +13,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+/// A pipe's (read, write) ends, close-on-exec (`std::io::pipe` is newer than the crate's MSRV).
+fn pipe() -> (File, File) {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 fills both fds on success; each is then owned by one File.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0, "pipe2");
+        (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
+    }
+}
+
 /// A headless Chromium with one page attached.
 pub(crate) struct Browser {
     child: Child,
-    to: std::io::PipeWriter,
+    to: File,
     from: Receiver<Value>,
     next_id: u64,
     session: String,
@@ -31,8 +42,8 @@ impl Drop for Browser {
 impl Browser {
     /// Starts Chromium on `profile` with `extra` flags and opens `url` in a page.
     pub(crate) fn open(bin: &Path, profile: &Path, extra: &[&str], url: &str) -> Browser {
-        let (to_chrome_r, to_chrome_w) = std::io::pipe().unwrap();
-        let (from_chrome_r, from_chrome_w) = std::io::pipe().unwrap();
+        let (to_chrome_r, to_chrome_w) = pipe();
+        let (from_chrome_r, from_chrome_w) = pipe();
         // Copies above the fds the child gets (3 and 4), so that neither dup2 below overwrites
         // the other's source when the pipes happen to be on 3 or 4 already.
         // SAFETY: fcntl(F_DUPFD_CLOEXEC) on open fds; the copies are closed after the spawn.
