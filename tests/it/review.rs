@@ -12,7 +12,8 @@ fn rewarded_trials_with_signals_and_a_sample_are_reviewed_into_files_and_the_pag
     let run = dir.path().join("run");
     let s = Synth {
         steps: 1,
-        hack_every: 3,
+        // Step 0's rewarded trials are 8 of 16; trajectories 4, 8, 10 and 14 get a signal.
+        hack_every: 2,
         ..Default::default()
     };
     write_run(&run, &s);
