@@ -214,13 +214,7 @@ impl SamplingRun {
     /// Whether two runs draw from the same distribution (their starts aside).
     pub fn same_distribution(&self, other: &SamplingRun) -> bool {
         (self.temperature, self.top_k, self.top_p, self.min_p, self.rule)
-            == (
-                other.temperature,
-                other.top_k,
-                other.top_p,
-                other.min_p,
-                other.rule,
-            )
+            == (other.temperature, other.top_k, other.top_p, other.min_p, other.rule)
     }
 }
 

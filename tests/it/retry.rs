@@ -142,10 +142,7 @@ async fn a_repeated_streaming_request_is_streamed_again_from_the_same_generation
 }
 
 /// A proxy on the tiny MoE with `grace` and a trial with `script` queued.
-async fn proxy_with(
-    grace: std::time::Duration,
-    script: Vec<String>,
-) -> (String, Arc<lego_rl::proxy::Trial>, Proxy) {
+async fn proxy_with(grace: std::time::Duration, script: Vec<String>) -> (String, Arc<lego_rl::proxy::Trial>, Proxy) {
     let backend = Arc::new(EmbeddedBackend::start(&crate::model::tiny_moe(), Device::Cpu).unwrap());
     let cfg = ProxyConfig {
         retry_grace: grace,
@@ -155,11 +152,7 @@ async fn proxy_with(
     let (addr, _) = proxy.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let (token, trial) = proxy.register_trial("retry/0/2");
     trial.push_script(script);
-    (
-        format!("http://{addr}/t/{token}/v1/chat/completions"),
-        trial,
-        proxy,
-    )
+    (format!("http://{addr}/t/{token}/v1/chat/completions"), trial, proxy)
 }
 
 /// Starts a streaming request and goes away after its first three content chunks.
@@ -198,11 +191,8 @@ async fn an_announced_retry_with_other_fields_changed_joins_the_generation_and_a
     let first = json!({"model": "qwen3", "stream": true, "max_tokens": 400, "messages": messages});
     let again = json!({"model": "qwen3", "max_tokens": 300, "temperature": 0.9, "messages": messages});
     for announced in [true, false] {
-        let (url, trial, _proxy) = proxy_with(
-            std::time::Duration::from_secs(10),
-            vec![long.clone(), long.clone()],
-        )
-        .await;
+        let (url, trial, _proxy) =
+            proxy_with(std::time::Duration::from_secs(10), vec![long.clone(), long.clone()]).await;
         let client = reqwest::Client::new();
         stream_then_leave(&client, &url, &first).await;
         let mut req = client.post(&url).json(&again);
@@ -211,10 +201,7 @@ async fn an_announced_retry_with_other_fields_changed_joins_the_generation_and_a
         }
         let answer: Value = req.send().await.unwrap().json().await.unwrap();
         let content = answer["choices"][0]["message"]["content"].as_str().unwrap_or("");
-        assert!(
-            content.contains(&"word ".repeat(WORDS).trim_end().to_string()),
-            "{answer}"
-        );
+        assert!(content.contains(&"word ".repeat(WORDS).trim_end().to_string()), "{answer}");
         if announced {
             let gens = captures_when(&trial, 1).await;
             assert_eq!(gens.len(), 1, "{gens:#?}");

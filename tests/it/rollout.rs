@@ -302,11 +302,7 @@ fn sampling_overrides_are_counted(trajs: &[Trajectory], stderr: &str, tmp: &Path
                 t.id,
                 g.ignored_sampling
             );
-            assert_ne!(
-                g.sampling.temperature,
-                Some(0.3),
-                "rollout's own temperature served"
-            );
+            assert_ne!(g.sampling.temperature, Some(0.3), "rollout's own temperature served");
         }
         assert_eq!(
             t.metadata["sampling_overrides"],
@@ -335,10 +331,7 @@ fn sampling_overrides_are_counted(trajs: &[Trajectory], stderr: &str, tmp: &Path
     let csv = std::fs::read_to_string(run.join("report/steps.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let col = header
-        .iter()
-        .position(|h| *h == "sampling_overrides")
-        .expect("column");
+    let col = header.iter().position(|h| *h == "sampling_overrides").expect("column");
     let row: Vec<&str> = lines.next().expect("step 0").split(',').collect();
     assert_eq!(row[col], total.to_string(), "{csv}");
 }
@@ -371,7 +364,10 @@ fn group_of_8_has_mixed_rewards_and_an_injected_setup_failure_stays_alone() {
         &format!(r#"{step_limit} "-c", "model.model_kwargs.temperature=0.3","#),
     );
     std::fs::write(&harness, adapter).unwrap();
-    let mut args = rollout_args(&out, &["--group-size", "8", "-j", "2", "--run-id", &run_id]);
+    let mut args = rollout_args(
+        &out,
+        &["--group-size", "8", "-j", "2", "--run-id", &run_id],
+    );
     let at = args.iter().position(|a| a == "--harness").unwrap() + 1;
     args[at] = harness.display().to_string();
     let o = lego().args(args).output().unwrap();

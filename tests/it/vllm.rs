@@ -413,36 +413,19 @@ fn reloads_are_verified_a_faulty_one_is_healed_and_a_bad_path_stops() {
 fn server_started_as_documented(traj: &Path, members: &[String]) {
     let log = traj.with_file_name("traj.vllm.log");
     let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-    let starts: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("==> lego-rl: start "))
-        .collect();
+    let starts: Vec<&str> = text.lines().filter(|l| l.starts_with("==> lego-rl: start ")).collect();
     // Started, then restarted on step 1 when the in-place reload did not verify.
     assert_eq!(starts.len(), 2, "{starts:?}");
     for line in starts {
         let args: Vec<&str> = line.split_whitespace().collect();
         let module = args.iter().position(|a| *a == "-m").expect("-m MODULE");
-        assert_eq!(
-            args[module + 1],
-            "vllm.entrypoints.launchers.api_server.entry",
-            "{line}"
-        );
+        assert_eq!(args[module + 1], "vllm.entrypoints.launchers.api_server.entry", "{line}");
         let after = |flag: &str| args.iter().position(|a| *a == flag).map(|i| args[i + 1]);
         assert_eq!(after("--logprobs-mode"), Some("processed_logprobs"), "{line}");
         assert_eq!(after("--host"), Some("127.0.0.1"), "{line}");
-        assert!(
-            args.contains(&"--enforce-eager") && args.contains(&"--no-enable-chunked-prefill"),
-            "{line}"
-        );
-        assert!(
-            after("--max-num-batched-tokens").is_some_and(|n| n.parse::<usize>().unwrap() >= 2048),
-            "{line}"
-        );
-        assert_eq!(
-            args.last(),
-            Some(&"--dtype=bfloat16"),
-            "--vllm-arg comes last: {line}"
-        );
+        assert!(args.contains(&"--enforce-eager") && args.contains(&"--no-enable-chunked-prefill"), "{line}");
+        assert!(after("--max-num-batched-tokens").is_some_and(|n| n.parse::<usize>().unwrap() >= 2048), "{line}");
+        assert_eq!(args.last(), Some(&"--dtype=bfloat16"), "--vllm-arg comes last: {line}");
     }
     let python = members
         .iter()
@@ -554,9 +537,7 @@ fn rollout_on_vllm_serve_follows_a_verified_checkpoint_and_sigkill_leaves_no_vll
     assert_eq!(reload["restarts"], 1, "{reload}");
     assert_eq!(reload["rejected"]["passed"], false, "{reload}");
     // How wrong: the README's figure (0.2–0.35 measured on the tiny MoE), far past the tolerance.
-    let off = reload["rejected"]["max_abs_delta"]
-        .as_f64()
-        .expect("rejected.max_abs_delta");
+    let off = reload["rejected"]["max_abs_delta"].as_f64().expect("rejected.max_abs_delta");
     assert!(off > 0.1, "{reload}");
     assert!(reload["seconds"].as_f64().is_some_and(|s| s > 0.0), "{reload}");
     assert!(first

@@ -33,9 +33,7 @@ fn twinned(dir: &Path) -> PathBuf {
         let even = e.slice(0, 0, even_rows, 2).copy();
         let mut odd = e.slice(0, 1, even_rows, 2);
         odd.copy_(&even);
-        let d = (e.slice(0, 0, even_rows, 2) - e.slice(0, 1, even_rows, 2))
-            .abs()
-            .max();
+        let d = (e.slice(0, 0, even_rows, 2) - e.slice(0, 1, even_rows, 2)).abs().max();
         assert_eq!(d.double_value(&[]), 0.0);
     });
     std::fs::create_dir_all(&out).unwrap();
@@ -48,20 +46,11 @@ fn vllm_and_the_engine_agree_on_rows_that_tie_at_the_top_k_and_top_p_cut() {
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = twinned(tmp.path());
     let server = rt()
-        .block_on(VllmServer::start(
-            &ckpt,
-            serve_options(&tmp.path().join("vllm.log")),
-        ))
+        .block_on(VllmServer::start(&ckpt, serve_options(&tmp.path().join("vllm.log"))))
         .unwrap_or_else(|e| panic!("vLLM did not start: {e}"));
     // (temperature, top_k, top_p): odd k ties at the cut; top-p's cut falls between twins or at a
     // twin pair, whose boundary ties the rule cuts to the count with the drawn token kept.
-    let settings = [
-        (1.0, 5, 1.0),
-        (0.7, 3, 1.0),
-        (1.0, 0, 0.8),
-        (0.6, 21, 0.95),
-        (1.3, 7, 0.5),
-    ];
+    let settings = [(1.0, 5, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.8), (0.6, 21, 0.95), (1.3, 7, 0.5)];
     let (worst, scored) = rt().block_on(async {
         let b = VllmBackend::connect(&server.url()).await.unwrap();
         let engine = EmbeddedBackend::start(&ckpt, Device::Cpu).unwrap();
@@ -69,9 +58,7 @@ fn vllm_and_the_engine_agree_on_rows_that_tie_at_the_top_k_and_top_p_cut() {
         for (i, &(t, k, p)) in settings.iter().enumerate() {
             for prompt in 0..3u32 {
                 let mut req = GenerateRequest {
-                    prompt_ids: (0..10 + prompt)
-                        .map(|j| (j * 977 + i as u32 * 31 + 11) % 150_000)
-                        .collect(),
+                    prompt_ids: (0..10 + prompt).map(|j| (j * 977 + i as u32 * 31 + 11) % 150_000).collect(),
                     sampling: Sampling {
                         temperature: Some(t),
                         top_k: (k > 0).then_some(k),
@@ -85,10 +72,7 @@ fn vllm_and_the_engine_agree_on_rows_that_tie_at_the_top_k_and_top_p_cut() {
                     forced_output: None,
                 };
                 let theirs = b.generate(req.clone()).await.unwrap();
-                assert!(
-                    theirs.processed_logprobs,
-                    "the server returns processed log-probs"
-                );
+                assert!(theirs.processed_logprobs, "the server returns processed log-probs");
                 req.forced_output = Some(theirs.output_ids.clone());
                 let ours = engine.generate(req).await.unwrap();
                 assert!(ours.processed_logprobs);
