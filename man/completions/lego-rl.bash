@@ -838,7 +838,7 @@ _lego__rl() {
             return 0
             ;;
         lego__subcmd__rl__subcmd__report)
-            opts="-o -v -q -h -V --output --max-trajectories --serve --bind --advisory --assistant --assistant-model --assistant-api-key-env --assistant-chat-model --assistant-context --assistant-max-tokens --conversations --summarize --summarize-jobs --summarize-tokens --summarize-retries --verbose --quiet --no-progress --strict --help --version"
+            opts="-o -v -q -h -V --output --max-trajectories --serve --bind --token --advisory --assistant --assistant-model --assistant-api-key-env --assistant-chat-model --assistant-context --assistant-max-tokens --conversations --summarize --summarize-jobs --summarize-tokens --summarize-retries --review --review-sample --verbose --quiet --no-progress --strict --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -857,6 +857,10 @@ _lego__rl() {
                     return 0
                     ;;
                 --bind)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -901,6 +905,10 @@ _lego__rl() {
                     return 0
                     ;;
                 --summarize-retries)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --review-sample)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -235,6 +235,7 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand validate" -s V -l versio
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s o -l output -d 'Output directory for index.html and the CSV files (default RUN/report)' -r -F
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l max-trajectories -d 'Trajectories whose full detail the static page embeds' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l bind -d 'Address to serve on (port 0 picks a free port; the address is printed on stdout)' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l token -d 'Token every request to the live UI must carry (needed to bind beyond loopback; at least 16 characters of [A-Za-z0-9_-]). Open /?token=T once in the browser. The environment variable keeps it out of `ps`' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l advisory -d 'Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant -d 'The diagnostic assistant: an OpenAI-compatible base URL (http://host:8000/v1) or embedded:CKPT_DIR (served in-process on CPU)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l assistant-model -d 'Model name sent to an assistant URL' -r
@@ -246,8 +247,10 @@ complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l conversations
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize-jobs -d 'Requests in flight at once while summarizing' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize-tokens -d 'Most prompt tokens per summarized trial' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize-retries -d 'Retries of a failed request before the trial\'s cause is recorded as unknown' -r
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l review-sample -d 'Rewarded trials without a signal reviewed too (the same ones on every run)' -r
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l serve -d 'Serve the live UI instead of writing files'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l summarize -d 'Ask the assistant for the cause of every failed or infra-failed trial; write OUT/diagnosis.md and OUT/diagnosis.csv'
+complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l review -d 'Ask the assistant whether each rewarded trial with a hack signal, and a sample of the others, earned its reward; write OUT/review.md and OUT/review.csv and show the verdicts on the page (advice: validate\'s suspected_hack_rate is the gate)'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s v -l verbose -d 'More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -s q -l quiet -d 'Only errors on stderr'
 complete -c lego-rl -n "__fish_lego_rl_using_subcommand report" -l no-progress -d 'Never draw progress bars (they are hidden anyway when stderr is not a terminal)'

@@ -12,6 +12,7 @@ use super::Outcome;
 use crate::io::{ReadOptions, TornTail};
 use crate::report::advisories::Thresholds;
 use crate::report::assist::ask::Assist;
+use crate::report::assist::review::{review, ReviewSettings};
 use crate::report::assist::summarize::{summarize, SummarizeSettings};
 use crate::report::assist::{Assistant, AssistantSettings, AssistantSpec, API_KEY_ENV};
 use crate::report::serve::LiveOptions;
@@ -40,6 +41,11 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// Live mode (`--serve`) serves the same page read-only on `--bind` (loopback by default) with
 /// JSON endpoints `/api/summary` and `/api/trajectory?id=<id>`; the page polls every few
 /// seconds and follows files that rollout, train-step and validate are still appending to.
+/// Every request's `Host` must be the bound address (a page on another name cannot reach it
+/// by DNS rebinding), and a POST needs a same-origin `Origin` and a JSON body. Binding beyond
+/// loopback needs `--token T`: every request then carries it, as `Authorization: Bearer T` or
+/// the cookie that opening `/?token=T` once sets. The `#traj=<id>&ask` link opens the Ask box
+/// and waits for a click: no link spends tokens on its own.
 ///
 /// Behaviour diagnostics (re-read after edit, files viewed before the first edit, success
 /// after a failed command) are inferred from the OpenAI/Anthropic requests the proxy captured;
@@ -53,6 +59,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   infra_failure_fraction >= 0.05        malformed_tool_call_rate >= 0.1
 ///   staleness_mean >= 1.5                 logprob_pearson < 0.995
 ///   prefix_cache_hit_rate < 0.5           audit (any audit kind's trajectory fraction) > 0
+///   suspected_hack_rate > 0 (rewarded trajectories with a hack_* signal or outside_read)
 ///   response_tokens_growth >= 1.5 (over the run's first steps; from 3 steps on)
 ///   logprob_pearson_decline >= 0.002 (below the best of the 3 previous steps; from 3 steps on)
 /// `audit:KIND=VALUE` sets one audit kind's threshold.
@@ -63,7 +70,10 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 /// mattered?) answered, streaming, from a prompt built from its record within the assistant's
 /// context (the page shows the exact prompt and what it left out); conversations can be saved
 /// to `--conversations`. `--summarize` (static mode) asks for a one-line cause of every failed or
-/// infra-failed trial and groups them into OUT/diagnosis.md and OUT/diagnosis.csv. Nothing is
+/// infra-failed trial and groups them into OUT/diagnosis.md and OUT/diagnosis.csv. `--review`
+/// asks, of every rewarded trial with a hack signal and `--review-sample` others, whether the
+/// reward was earned by a real fix (record, diff, the grader's tests and the signals in the
+/// prompt) into OUT/review.md, OUT/review.csv and the page. Nothing is
 /// sent anywhere without `--assistant`. The API key, if the endpoint needs one, is read from
 /// the environment variable named by `--assistant-api-key-env`.
 ///
@@ -71,6 +81,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8470";
 ///   lego-rl report run/ -o run/report/
 ///   lego-rl report run/ -o run/report/ --advisory truncated_fraction=0.1 --advisory audit=off
 ///   lego-rl report run/ --serve --bind 127.0.0.1:8470
+///   LEGO_RL_REPORT_TOKEN=$(openssl rand -hex 16) lego-rl report run/ --serve --bind 0.0.0.0:8470
 ///   lego-rl report run/ --serve --assistant http://127.0.0.1:8000/v1 --assistant-model Qwen/Qwen3-32B
 ///   lego-rl report run/ -o run/report/ --summarize --assistant embedded:run/checkpoints/step-000004
 #[derive(Args, Debug)]
@@ -91,6 +102,11 @@ pub struct ReportArgs {
     /// Address to serve on (port 0 picks a free port; the address is printed on stdout).
     #[arg(long, default_value = DEFAULT_BIND, requires = "serve")]
     pub bind: String,
+    /// Token every request to the live UI must carry (needed to bind beyond loopback; at
+    /// least 16 characters of [A-Za-z0-9_-]). Open /?token=T once in the browser. The
+    /// environment variable keeps it out of `ps`.
+    #[arg(long, value_name = "T", env = crate::env::REPORT_TOKEN, hide_env_values = true)]
+    pub token: Option<String>,
     /// Override a run-health advisory threshold: NAME=VALUE or NAME=off (repeatable; see above).
     #[arg(long = "advisory", value_name = "NAME=VALUE")]
     pub advisories: Vec<String>,
@@ -130,6 +146,14 @@ pub struct ReportArgs {
     /// Retries of a failed request before the trial's cause is recorded as unknown.
     #[arg(long, default_value_t = 2, value_name = "N", requires = "summarize")]
     pub summarize_retries: u32,
+    /// Ask the assistant whether each rewarded trial with a hack signal, and a sample of the
+    /// others, earned its reward; write OUT/review.md and OUT/review.csv and show the verdicts
+    /// on the page (advice: validate's suspected_hack_rate is the gate).
+    #[arg(long, requires = "assistant", conflicts_with = "serve")]
+    pub review: bool,
+    /// Rewarded trials without a signal reviewed too (the same ones on every run).
+    #[arg(long, default_value_t = 8, value_name = "N", requires = "review")]
+    pub review_sample: usize,
 }
 
 /// What `report` does, worked out from its flags before any work starts (an embedded assistant
@@ -149,9 +173,14 @@ enum Mode {
         max_trajectories: usize,
         strict: bool,
         summarize: Option<SummarizeSettings>,
+        review: Option<ReviewSettings>,
     },
     /// The live UI on `bind`; the assistant's conversations are saved to `conversations`.
-    Serve { bind: String, conversations: PathBuf },
+    Serve {
+        bind: String,
+        conversations: PathBuf,
+        token: Option<String>,
+    },
 }
 
 impl Resolved {
@@ -173,8 +202,10 @@ impl Resolved {
             args.assistant_context != Some(0),
             "--assistant-context 0: need at least 1"
         );
-        if args.assistant.is_some() && !args.serve && !args.summarize {
-            anyhow::bail!("--assistant is used by --serve (the Ask box) or --summarize; give one of them");
+        if args.assistant.is_some() && !args.serve && !args.summarize && !args.review {
+            anyhow::bail!(
+                "--assistant is used by --serve (the Ask box), --summarize or --review; give one of them"
+            );
         }
         if let Some(AssistantSpec::Embedded(_)) = &args.assistant {
             if args.assistant_model.is_some() {
@@ -197,9 +228,16 @@ impl Resolved {
                      records; --strict applies to the static report"
                 );
             }
-            std::net::ToSocketAddrs::to_socket_addrs(args.bind.as_str())
-                .with_context(|| format!("--bind {}: expected HOST:PORT", args.bind))?;
+            let addrs: Vec<std::net::SocketAddr> =
+                std::net::ToSocketAddrs::to_socket_addrs(args.bind.as_str())
+                    .with_context(|| format!("--bind {}: expected HOST:PORT", args.bind))?
+                    .collect();
+            // The guard's own checks, before an embedded assistant takes its time to load.
+            for a in addrs {
+                crate::report::guard::Guard::new(a, args.token.clone())?;
+            }
             Mode::Serve {
+                token: args.token,
                 conversations: args
                     .conversations
                     .unwrap_or_else(|| args.run.join("report/conversations.jsonl")),
@@ -215,6 +253,12 @@ impl Resolved {
                     max_prompt_tokens: args.summarize_tokens,
                     retries: args.summarize_retries,
                     progress: crate::ui::progress_enabled(global),
+                }),
+                review: args.review.then_some(ReviewSettings {
+                    sample: args.review_sample,
+                    concurrency: 4,
+                    max_prompt_tokens: 4096,
+                    retries: 2,
                 }),
             }
         };
@@ -250,8 +294,13 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
     };
     let run = &resolved.run;
     match resolved.mode {
-        Mode::Serve { bind, conversations } => {
+        Mode::Serve {
+            bind,
+            conversations,
+            token,
+        } => {
             let live = LiveOptions {
+                token,
                 assist: assistant.map(|assistant| Assist {
                     assistant,
                     conversations,
@@ -268,9 +317,21 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
             max_trajectories,
             strict,
             summarize: summarize_settings,
+            review: review_settings,
         } => {
             let mut files = Vec::new();
             let mut embed = HashSet::new();
+            let mut reviews = Vec::new();
+            if let (Some(s), Some(assistant)) = (review_settings, assistant.clone()) {
+                let run_files = RunFiles::discover(run, false)?;
+                let opts = ReadOptions {
+                    strict,
+                    torn_tail: TornTail::Error,
+                };
+                let r = rt.block_on(review(&run_files, opts, assistant, &s, &output))?;
+                files.extend(r.files);
+                reviews = r.reviews;
+            }
             if let (Some(s), Some(assistant)) = (summarize_settings, assistant) {
                 let run_files = RunFiles::discover(run, false)?;
                 let opts = ReadOptions {
@@ -295,6 +356,7 @@ pub fn run(args: ReportArgs, global: &GlobalArgs) -> anyhow::Result<Outcome> {
                 strict,
                 advisories: resolved.thresholds,
                 embed,
+                reviews,
             };
             let w = write_static(&settings)?;
             files.extend(w.files);

@@ -17,7 +17,8 @@ use crate::chat::{
 };
 use crate::engine::{EngineError, FinishReason, GenerateOutput, GenerateRequest, SampledToken, TokenSink};
 use crate::records::{
-    Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT, MALFORMED_TOOL_CALLS, ROUTING_MISSING,
+    CapturedCall, CapturedResponse, Generation, Packed, PromptMode, Sampling, CONTEXT_LIMIT,
+    MALFORMED_TOOL_CALLS, ROUTING_MISSING,
 };
 
 /// What the API layers need to answer.
@@ -523,6 +524,19 @@ fn record_output(record: &mut Generation, out: &GenerateOutput, parsed: &ParsedO
         "tool_calls".into()
     };
     record.tool_call_ids = parsed.tool_calls.iter().map(|c| c.id.clone()).collect();
+    record.response = Some(CapturedResponse {
+        text: parsed.content.clone(),
+        reasoning: parsed.reasoning.clone(),
+        tool_calls: parsed
+            .tool_calls
+            .iter()
+            .map(|c| CapturedCall {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect(),
+    });
     record.status = Some(
         if parsed.malformed_tool_calls > 0 {
             "malformed_tool_call"

@@ -18,11 +18,12 @@ pub use packed::{DType, Packed, PackedError};
 pub use sample::{AlignStats, LossMask, Sample, SamplingRule, SamplingRun, VersionRun};
 pub use task::{Environment, Grader, PassRate, RepoSource, Task, TaskDecision, TaskSource, Timeouts};
 pub use trajectory::{
-    AuditEvent, DynamicSampling, Generation, GraderResult, ImageRecord, PromptMode, Sampling, StageTiming,
-    Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS, GRADER_TAMPERING, HARNESS_SAMPLING,
-    MALFORMED_TOOL_CALLS, REPLAYS, ROUTING_MISSING, SAMPLING_OVERRIDES, TAMPERING_KINDS,
+    AuditEvent, CapturedCall, CapturedResponse, DynamicSampling, Generation, GraderResult, ImageRecord,
+    PromptMode, Sampling, StageTiming, Termination, Trajectory, CHAT_MODEL, CONTEXT_LIMIT, CONTEXT_REFUSALS,
+    GRADER_TAMPERING, HARNESS_SAMPLING, MALFORMED_TOOL_CALLS, REPLAYS, ROUTING_MISSING, SAMPLING_OVERRIDES,
+    SUSPECTED_HACK, TAMPERING_KINDS,
 };
-pub use validation::{GateResult, HarnessStepMetrics, StepMetrics, ValidationReport};
+pub use validation::{GateResult, HarnessStepMetrics, StepMetrics, TrajectoryAgreement, ValidationReport};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -59,6 +59,15 @@ fn generation() -> Generation {
         )),
         finish_reason: "stop".into(),
         tool_call_ids: vec!["call_0_1_0".into()],
+        response: Some(CapturedResponse {
+            text: "Hi".into(),
+            reasoning: None,
+            tool_calls: vec![CapturedCall {
+                id: "call_0_1_0".into(),
+                name: "bash".into(),
+                arguments: "{\"command\": \"ls\"}".into(),
+            }],
+        }),
         backend: Some("embedded".into()),
         policy_version: 3,
         sampling: Sampling {
@@ -215,6 +224,15 @@ fn every_record_round_trips_and_matches_its_snapshot() {
             groups: 2,
             valid_trajectories: 15,
             infra_failed_trajectories: 1,
+            by_trajectory: vec![TrajectoryAgreement {
+                trajectory_id: "pkg__pkg-1/0/0".into(),
+                samples: 1,
+                policy_tokens: 120,
+                logprob_pearson: Some(0.9991),
+                logprob_mean_abs_diff: Some(0.002),
+                logprob_max_abs_diff: Some(0.03),
+                logprob_kl: Some(1e-5),
+            }],
             ..Default::default()
         })
     );

@@ -140,6 +140,26 @@ impl Sampling {
     }
 }
 
+/// A generation's answer as the harness received it (text, reasoning, tool calls).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct CapturedResponse {
+    #[serde(default)]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<CapturedCall>,
+}
+
+/// One tool call of a [`CapturedResponse`].
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct CapturedCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments' JSON text as returned.
+    pub arguments: String,
+}
+
 /// How the proxy built a generation's prompt.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -180,6 +200,11 @@ pub struct Generation {
     /// Ids of the tool calls in this generation's response (alignment links turns by them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_call_ids: Vec<String>,
+    /// What the proxy answered, as parsed from `output_ids`: the next request of the thread
+    /// echoes it back, but a thread's last answer (often its last tool call) is seen nowhere
+    /// else, and the report shows it. Absent in captures that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<CapturedResponse>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
     #[serde(default)]
@@ -420,16 +445,35 @@ impl Trajectory {
     }
 
     /// The kinds of its audit events, plus `grader_tampering` (see
-    /// [`Trajectory::is_grader_tampering`]): what validate's gates and the report count.
+    /// [`Trajectory::is_grader_tampering`]) and `suspected_hack` (see
+    /// [`Trajectory::is_suspected_hack`]): what validate's gates and the report count.
     pub fn audit_kinds(&self) -> std::collections::BTreeSet<String> {
         let mut kinds: std::collections::BTreeSet<String> =
             self.audit.iter().map(|a| a.kind.clone()).collect();
         if self.is_grader_tampering() {
             kinds.insert(GRADER_TAMPERING.to_string());
         }
+        if self.is_suspected_hack() {
+            kinds.insert(SUSPECTED_HACK.to_string());
+        }
         kinds
     }
+
+    /// Whether a rewarded trial raised a deterministic hack signal: a `hack_*` audit event
+    /// (rollout's checks of the diff, `rollout::hack_signals`) or a read outside the repository.
+    pub fn is_suspected_hack(&self) -> bool {
+        self.reward.is_some_and(|r| r > 0.0)
+            && self
+                .audit
+                .iter()
+                .any(|a| a.kind.starts_with("hack_") || a.kind == "outside_read")
+    }
 }
+
+/// The audit kind a rewarded trial with a hack signal also counts as
+/// ([`Trajectory::is_suspected_hack`]; validate's `suspected_hack_rate` gate, the report's
+/// advisory of the same name).
+pub const SUSPECTED_HACK: &str = "suspected_hack";
 
 /// A generation's `status` when the proxy refused its prompt for not fitting the model's context.
 pub const CONTEXT_LIMIT: &str = "context_limit";

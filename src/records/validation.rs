@@ -106,8 +106,30 @@ pub struct StepMetrics {
     /// every sample's `metadata.harness`); empty when no sample names one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub by_harness: BTreeMap<String, HarnessStepMetrics>,
+    /// Rollout vs trainer log-prob agreement of each trajectory of the batch, so the report
+    /// can show a trajectory's own figures next to it (its page and the assistant's prompt).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_trajectory: Vec<TrajectoryAgreement>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Map<String, Value>,
+}
+
+/// One trajectory's part of a train step's agreement figures (`StepMetrics::by_trajectory`):
+/// its policy tokens' rollout log-probs against the trainer's (π_old, pass 1).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct TrajectoryAgreement {
+    pub trajectory_id: String,
+    pub samples: u64,
+    pub policy_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_pearson: Option<f64>,
+    /// Mean of |trainer − rollout| over the policy tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_mean_abs_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_max_abs_diff: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_kl: Option<f64>,
 }
 
 /// One harness's part of a train step (`StepMetrics::by_harness`). Groups are GSPO's (task,

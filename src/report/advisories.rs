@@ -98,6 +98,13 @@ pub const DEFS: &[Def] = &[
         doc: "drop of a step's Pearson below the best of the previous steps (trend)",
     },
     Def {
+        name: "suspected_hack_rate",
+        default: 0.0,
+        direction: Direction::Above,
+        doc: "rewarded trajectories with a deterministic hack signal (hack_* audit kinds, \
+              outside_read), over the step's trajectories: review them before trusting the reward",
+    },
+    Def {
         name: "prefix_cache_hit_rate",
         default: 0.5,
         direction: Direction::Below,
@@ -228,6 +235,10 @@ fn figure(name: &str, r: &StepRow) -> Option<f64> {
         "staleness_mean" => m.and_then(|m| m.staleness_mean),
         "logprob_pearson" => m.and_then(|m| m.logprob_pearson),
         "prefix_cache_hit_rate" => r.prefix_cache_hit_rate,
+        "suspected_hack_rate" => ratio(
+            r.audit.get(crate::records::SUSPECTED_HACK).copied().unwrap_or(0),
+            r.trajectories,
+        ),
         _ => None,
     }
 }
@@ -313,6 +324,9 @@ pub fn advise(steps: &[StepRow], th: &Thresholds) -> Vec<Advisory> {
             }
         }
         for (kind, n) in &r.audit {
+            if kind == crate::records::SUSPECTED_HACK {
+                continue; // its own advisory, suspected_hack_rate
+            }
             let name = format!("audit:{kind}");
             if let (Some(t), Some(v)) = (th.audit(kind), ratio(*n, r.trajectories)) {
                 push(

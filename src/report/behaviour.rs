@@ -3,9 +3,8 @@
 //! gains.
 //!
 //! How it is inferred (documented in the report page too):
-//! - The conversation of a thread is the `messages` of its last generation's request (each
-//!   request carries the whole history), so the final response, whose text is not captured, is
-//!   missing; it rarely holds a tool call. OpenAI: assistant `tool_calls[].function{name,
+//! - The conversation of a thread is built by [`super::conversation`] from all its captures:
+//!   the requests (each carries the history) and the answers the proxy recorded. OpenAI: assistant `tool_calls[].function{name,
 //!   arguments}` and `role: tool` results by `tool_call_id`. Anthropic: `tool_use` blocks and
 //!   `tool_result` blocks (with `is_error`) by `tool_use_id`. A harness without tool calls
 //!   (mini-swe-agent) has its ```` ```bash ```` blocks taken as shell calls, their output being
@@ -28,8 +27,6 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
-
-use crate::records::Trajectory;
 
 /// What a tool call did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -108,7 +105,8 @@ fn text_of(v: &Value) -> String {
     }
 }
 
-fn bash_blocks(text: &str) -> Vec<String> {
+/// The ```` ```bash ```` blocks of a message (a harness without tool calls runs them).
+pub(crate) fn bash_blocks(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(i) = rest.find("```bash") {
@@ -272,7 +270,8 @@ pub fn exit_code(out: &str) -> Option<i64> {
     None
 }
 
-fn new_call(id: &str, name: &str, args: String) -> Call {
+/// A call of tool `name` with arguments `args`, classified, without output yet.
+pub(crate) fn new_call(id: &str, name: &str, args: String) -> Call {
     let parsed: Value = serde_json::from_str(&args).unwrap_or(Value::Null);
     Call {
         id: id.to_string(),
@@ -412,24 +411,6 @@ fn norm(p: &str) -> &str {
 pub fn same_file(a: &str, b: &str) -> bool {
     let (a, b) = (norm(a), norm(b));
     a == b || a.ends_with(&format!("/{b}")) || b.ends_with(&format!("/{a}"))
-}
-
-/// The conversation of every thread: the messages of its last generation's request.
-pub fn threads(t: &Trajectory) -> Vec<Thread> {
-    let mut last: BTreeMap<u32, &crate::records::Generation> = BTreeMap::new();
-    for g in &t.generations {
-        let e = last.entry(g.thread).or_insert(g);
-        if g.index >= e.index {
-            *e = g;
-        }
-    }
-    last.into_iter()
-        .map(|(thread, g)| Thread {
-            thread,
-            api: g.api.clone(),
-            turns: turns_of(&g.api, &g.request),
-        })
-        .collect()
 }
 
 /// The diagnostics of a trajectory from its threads (thread 0 drives the diagnostics; calls of

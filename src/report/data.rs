@@ -8,10 +8,12 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::behaviour::{behaviour, threads, Behaviour, Thread};
+use super::behaviour::{behaviour, Behaviour, Thread};
+use super::conversation::threads;
 use crate::io::{open_records, ReadOptions};
 use crate::records::{
-    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, Trajectory, ValidationReport,
+    AuditEvent, GraderResult, Sample, StageTiming, StepMetrics, Trajectory, TrajectoryAgreement,
+    ValidationReport,
 };
 use crate::validate::run::{for_each_trajectory, read_plain, RunError, RunFiles};
 
@@ -52,6 +54,17 @@ pub struct TrajDetail {
     pub audit: Vec<AuditEvent>,
     pub diff: Option<String>,
     pub logprob_diffs: Vec<TokenDiff>,
+    /// train-step's rollout-vs-trainer agreement on this trajectory (`StepMetrics::by_trajectory`),
+    /// once a step has trained on it.
+    pub agreement: Option<StepAgreement>,
+}
+
+/// A trajectory's agreement figures and the train step that measured them.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StepAgreement {
+    pub step: u64,
+    #[serde(flatten)]
+    pub figures: TrajectoryAgreement,
 }
 
 /// Aggregates over one step.
@@ -119,6 +132,9 @@ pub struct GroupRow {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReportData {
     pub run: String,
+    /// `report --review`'s verdicts by trajectory id (static mode), shown on the trajectory.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reviews: BTreeMap<String, crate::report::assist::review::Review>,
     pub live: bool,
     pub steps: Vec<StepRow>,
     pub tasks: Vec<GroupRow>,
@@ -228,6 +244,24 @@ pub fn detail(step: u64, t: Trajectory) -> TrajDetail {
         audit: t.audit,
         diff: t.diff,
         logprob_diffs: Vec::new(),
+        agreement: None,
+    }
+}
+
+/// Joins train-step's per-trajectory agreement (`metrics`) to `details` (the latest step's
+/// figures when a trajectory was trained on more than once).
+pub fn attach_agreement(metrics: &[StepMetrics], details: &mut BTreeMap<String, TrajDetail>) {
+    for m in metrics {
+        for a in &m.by_trajectory {
+            if let Some(d) = details.get_mut(&a.trajectory_id) {
+                if d.agreement.as_ref().is_none_or(|x| x.step <= m.step) {
+                    d.agreement = Some(StepAgreement {
+                        step: m.step,
+                        figures: a.clone(),
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -385,6 +419,7 @@ pub fn build_embedding(
         }
     }
     let metrics = read_plain::<StepMetrics>(&files.metrics, opts)?;
+    attach_agreement(&metrics, &mut data.details);
     data.validation = read_plain::<ValidationReport>(&files.validation, opts)?;
     let latest = steps.keys().next_back().copied().unwrap_or(0);
     by_harness.add_align_stats(&files.align_stats, opts, latest)?;
@@ -490,6 +525,7 @@ pub fn find_detail(files: &RunFiles, opts: ReadOptions, id: &str) -> Result<Opti
     let Some(d) = found else { return Ok(None) };
     let mut m = BTreeMap::from([(id.to_string(), d)]);
     attach_token_diffs(files, opts, &mut m)?;
+    attach_agreement(&read_plain::<StepMetrics>(&files.metrics, opts)?, &mut m);
     Ok(m.into_values().next())
 }
 

@@ -5,7 +5,9 @@
 pub mod advisories;
 pub mod assist;
 pub mod behaviour;
+pub mod conversation;
 pub mod data;
+pub mod guard;
 pub mod harness;
 pub mod html;
 pub mod pool;
@@ -44,6 +46,8 @@ pub enum ReportError {
     Serve(#[source] std::io::Error),
     #[error("assistant: {0}")]
     Assist(String),
+    #[error(transparent)]
+    Guard(#[from] guard::GuardError),
 }
 
 /// The error of writing CSV table `name` (a row's `csv::Error`, or the final flush's
@@ -72,6 +76,8 @@ pub struct StaticSettings {
     pub advisories: advisories::Thresholds,
     /// Trajectories embedded in detail beyond `max_trajectories` (`diagnosis.md`'s examples).
     pub embed: std::collections::HashSet<String>,
+    /// `--review`'s verdicts, shown on their trajectories (which are embedded).
+    pub reviews: Vec<assist::review::Review>,
 }
 
 /// What a static report wrote.
@@ -96,7 +102,10 @@ pub fn write_static(s: &StaticSettings) -> Result<Written, ReportError> {
         strict: s.strict,
         torn_tail: TornTail::Error,
     };
-    let mut d = data::build_embedding(&files, opts, Some(s.max_trajectories), &s.embed)?;
+    let mut embed = s.embed.clone();
+    embed.extend(s.reviews.iter().map(|r| r.id.clone()));
+    let mut d = data::build_embedding(&files, opts, Some(s.max_trajectories), &embed)?;
+    d.reviews = s.reviews.iter().map(|r| (r.id.clone(), r.clone())).collect();
     d.advisories = advisories::advise(&d.steps, &s.advisories);
     std::fs::create_dir_all(&s.output).map_err(|source| ReportError::CreateDir {
         path: s.output.clone(),

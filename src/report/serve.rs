@@ -12,6 +12,9 @@
 //!   the exact prompt, then `reasoning` / `delta` pieces, `finish`, any `error`, and `end`),
 //!   `POST /api/conversations` `{id, prompt, turns}` appends a conversation to the
 //!   conversations file (see [`super::assist`]).
+//!
+//! Every request passes [`super::guard`] first: `Host` must be the bound address (or `--token`
+//! given), and a `POST` needs a same-origin `Origin` and a JSON body.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,7 @@ use axum::Router;
 use super::advisories::{advise, Thresholds};
 use super::assist::ask;
 use super::data;
+use super::guard::{self, Guard};
 use super::{html, ReportError};
 use crate::io::{ReadOptions, TornTail};
 use crate::validate::run::RunFiles;
@@ -46,6 +50,8 @@ struct Served {
 pub struct LiveOptions {
     /// The diagnostic assistant and where its conversations are saved.
     pub assist: Option<ask::Assist>,
+    /// `--token`: needed for every request; allows binding beyond loopback (see [`guard`]).
+    pub token: Option<String>,
 }
 
 const OPTS: ReadOptions = ReadOptions {
@@ -198,8 +204,9 @@ async fn save_conversation(State(s): State<Arc<Served>>, body: axum::body::Bytes
     }
 }
 
-/// The router of the live UI for `run`, with run-health advisories under `thresholds`.
-pub fn router(run: &Path, thresholds: Thresholds, live: LiveOptions) -> Router {
+/// The router of the live UI for `run`, with run-health advisories under `thresholds`, every
+/// request checked by `guard`.
+pub fn router(run: &Path, thresholds: Thresholds, live: LiveOptions, guard: Guard) -> Router {
     let state = Arc::new(Served {
         run: run.to_path_buf(),
         thresholds,
@@ -215,6 +222,10 @@ pub fn router(run: &Path, thresholds: Thresholds, live: LiveOptions) -> Router {
         .route("/api/ask", post(ask_stream))
         .route("/api/conversations", post(save_conversation))
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(guard),
+            guard::middleware,
+        ))
 }
 
 /// Serves `run` on `bind` until the process is stopped; `on_listen` gets the bound address
@@ -233,8 +244,9 @@ pub async fn serve(
             source,
         })?;
     let addr = listener.local_addr().map_err(ReportError::Serve)?;
+    let guard = Guard::new(addr, live.token.clone())?;
     on_listen(addr);
-    axum::serve(listener, router(run, thresholds, live))
+    axum::serve(listener, router(run, thresholds, live, guard))
         .await
         .map_err(ReportError::Serve)
 }

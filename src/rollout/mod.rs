@@ -33,6 +33,7 @@ mod backend;
 pub mod dynamic;
 pub mod follow;
 pub mod forced;
+pub mod hack_signals;
 pub mod harnesses;
 pub mod judge;
 pub mod plan;

@@ -200,6 +200,16 @@ fn trajectory(
     );
     let mut audit = result.audit.clone();
     audit.extend(audit_tool_calls(shared, &generations, workdir));
+    // Every rewarded trial is checked for the shapes a hack takes past the gates.
+    if let (Some(r), Some(diff)) = (result.reward, &result.diff) {
+        if r > 0.0 {
+            audit.extend(super::hack_signals::signals(
+                diff,
+                spec.task.test_patch.as_deref(),
+                &spec.task.instruction,
+            ));
+        }
+    }
     let mut metadata = serde_json::Map::new();
     metadata.insert("run_id".into(), json!(shared.run_id));
     metadata.insert("image".into(), json!(spec.image));

@@ -2,14 +2,15 @@
 //! rollout (`rollout --harness` more than once) holds trajectories of several harnesses, and a
 //! total hides one whose captures the trainer reproduces worse, or whose rewards lag. A pure
 //! function of the samples (their `metadata.harness`, written by align), the batch's trajectories
-//! and groups (advantages) and the per-sequence π_old log-probs of pass 1.
+//! and groups (advantages) and the per-sequence π_old log-probs of pass 1. The same agreement
+//! figures per trajectory (`StepMetrics::by_trajectory`) let the report show each trajectory's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::batch::Batch;
 use super::metrics::{agreement, mean_std, median, pearson};
 use crate::align::by_harness::of_sample;
-use crate::records::{HarnessStepMetrics, Sample};
+use crate::records::{HarnessStepMetrics, Sample, TrajectoryAgreement};
 
 /// The step's figures per harness; empty when no sample names one. `samples[i]` is the sample of
 /// `batch.seqs[i]` and `old[i]` its trainer log-probs; samples without a harness count as
@@ -92,6 +93,39 @@ pub fn by_harness(
     out
 }
 
+/// The rollout-vs-trainer agreement of each trajectory of `batch` with policy tokens, in the
+/// batch's trajectory order; `old[i]` are the trainer log-probs of `batch.seqs[i]`.
+pub fn by_trajectory(batch: &Batch, old: &[Vec<f64>]) -> Vec<TrajectoryAgreement> {
+    let mut acc: Vec<(u64, Vec<f64>, Vec<f64>)> = vec![(0, Vec::new(), Vec::new()); batch.trajs.len()];
+    for (i, seq) in batch.seqs.iter().enumerate() {
+        let a = &mut acc[seq.traj];
+        a.0 += 1;
+        a.1.extend(seq.rollout_lp.iter().map(|&x| f64::from(x)));
+        a.2.extend_from_slice(old.get(i).map_or(&[][..], Vec::as_slice));
+    }
+    batch
+        .trajs
+        .iter()
+        .zip(acc)
+        .filter(|(_, (samples, ro, _))| *samples > 0 && !ro.is_empty())
+        .map(|(t, (samples, ro, tr))| {
+            let (p, max_abs, kl) = agreement(&ro, &tr);
+            let n = ro.len().min(tr.len());
+            let mean_abs =
+                (n > 0).then(|| ro.iter().zip(&tr).map(|(a, b)| (a - b).abs()).sum::<f64>() / n as f64);
+            TrajectoryAgreement {
+                trajectory_id: t.id.clone(),
+                samples,
+                policy_tokens: ro.len() as u64,
+                logprob_pearson: p,
+                logprob_mean_abs_diff: mean_abs,
+                logprob_max_abs_diff: max_abs,
+                logprob_kl: kl,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +201,17 @@ mod tests {
         assert_eq!(mini.logprob_max_abs_diff, Some(0.0));
         assert!((oh.logprob_max_abs_diff.unwrap() - 0.5).abs() < 1e-6);
         assert!((mini.logprob_pearson.unwrap() - 1.0).abs() < 1e-12);
+        // Per trajectory: a agrees exactly; b is off by 0.5 on each of its two tokens.
+        let t = by_trajectory(&b, &old);
+        let ids: Vec<&str> = t.iter().map(|x| x.trajectory_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c", "d"]);
+        assert_eq!((t[0].policy_tokens, t[0].logprob_mean_abs_diff), (3, Some(0.0)));
+        assert!(
+            (t[1].logprob_mean_abs_diff.unwrap() - 0.5).abs() < 1e-6,
+            "{:?}",
+            t[1]
+        );
+        assert!((t[0].logprob_pearson.unwrap() - 1.0).abs() < 1e-12);
         // Samples aligned before align named harnesses: no split at all.
         let plain: Vec<Sample> = s
             .iter()

@@ -143,6 +143,7 @@ pub(super) fn step_metrics(
         staleness_histogram: staleness,
         seconds: Some(f.elapsed),
         extra: Default::default(),
+        by_trajectory: super::harness_metrics::by_trajectory(batch, old),
         ..Default::default()
     }
 }

@@ -33,6 +33,7 @@ pub const AUDIT_KINDS: &[&str] = &[
     "test_patch_conflict",
     "grading_killed",
     "reward_missing",
+    "suspected_hack",
 ];
 
 /// At most this many examples are kept per consistency problem.

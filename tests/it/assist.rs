@@ -15,7 +15,7 @@ use lego_rl::records::Trajectory;
 use serde_json::{json, Value};
 
 use crate::common::{lego, root};
-use crate::report::{chromium, dump_dom, dump_dom_for, enc, http, http_get, serve};
+use crate::report::{chromium, dump_dom, enc, http, http_get, serve};
 use crate::synth::{trajectory, write_run, Synth};
 
 /// The rendered Ask box (its question filled in; the script's template has a placeholder).
@@ -26,7 +26,7 @@ fn http_post(addr: &str, path: &str, body: &Value) -> (u16, String) {
 }
 
 /// A synthetic run of one group of two trajectories in `dir/run`.
-fn small_run(dir: &Path) -> (PathBuf, Synth) {
+pub(crate) fn small_run(dir: &Path) -> (PathBuf, Synth) {
     let run = dir.join("run");
     let s = Synth {
         steps: 1,
@@ -40,7 +40,7 @@ fn small_run(dir: &Path) -> (PathBuf, Synth) {
 
 /// The longest request of the real Claude Code capture in testdata, as one trajectory's
 /// generation: a long instruction with system reminders, file reads and edits.
-fn claude_code_trajectory(s: &Synth) -> Trajectory {
+pub(crate) fn claude_code_trajectory(s: &Synth) -> Trajectory {
     let path = root().join("testdata/harness-traffic/claude-code/requests.jsonl");
     let body = std::fs::read_to_string(path)
         .unwrap()
@@ -133,16 +133,23 @@ fn ask_box_streams_an_embedded_answer_about_a_long_episode_and_saves_it() {
         "streamed pieces: {sse}"
     );
     assert!(!events.contains(&"error"), "{sse}");
-    // In the browser: open the trajectory, ask the default question, save the conversation.
+    // In the browser: the deep link opens the trajectory with the Ask box armed; a click asks
+    // the default question, and the conversation is saved after the answer.
     let Some(chrome) = chromium() else { return };
-    // A streamed body does not hold virtual time back the way a pending request does; the
-    // budget is virtual (the page's 2 s polls fast-forward), not seconds of waiting.
-    let dom = dump_dom_for(
+    let mut b = crate::cdp::Browser::open(
         &chrome,
         &dir.path().join("profile"),
+        &[],
         &format!("http://{addr}/#traj={}&ask=save", enc(&long.id)),
-        600_000,
     );
+    assert!(b.wait_for("document.getElementById('ask-go')", 60), "{}", b.dom());
+    b.eval("document.getElementById('ask-go').click()");
+    assert!(
+        b.wait_for("document.getElementById('ask-saved')", 600),
+        "{}",
+        b.dom()
+    );
+    let dom = b.dom();
     assert!(dom.contains("<div id=\"errors\"></div>"), "script errors");
     assert!(dom.contains(ASK_BOX), "the Ask box is shown");
     let answer = dom
@@ -205,7 +212,7 @@ fn without_an_assistant_there_is_no_ask_box_and_nothing_to_send_to() {
 }
 
 /// An OpenAI-compatible endpoint that answers every request 503, counting them.
-fn failing_endpoint() -> (String, Arc<AtomicUsize>) {
+pub(crate) fn failing_endpoint() -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let count = Arc::new(AtomicUsize::new(0));

@@ -219,6 +219,11 @@ async fn faithful_mode_reuses_captured_tokens_when_the_harness_reserializes_argu
         gens[0].tool_call_ids,
         vec![call["id"].as_str().unwrap().to_string()]
     );
+    // Each answer is captured as returned: the last one is echoed by no request.
+    let first = gens[0].response.as_ref().unwrap();
+    assert_eq!(first.tool_calls[0].name, "bash");
+    assert_eq!(first.tool_calls[0].id, call["id"].as_str().unwrap());
+    assert_eq!(gens[1].response.as_ref().unwrap().text, "Done.");
     assert_eq!(
         gens[1].prompt_mode,
         lego_rl::records::PromptMode::Faithful,

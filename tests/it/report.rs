@@ -457,31 +457,36 @@ pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
     http(addr, "GET", path, None)
 }
 
-/// One HTTP/1.1 request with an optional JSON body: (status, body).
+/// One HTTP/1.1 request with an optional JSON body, as the page sends it (same-origin `Origin`
+/// on a POST): (status, body).
 pub(crate) fn http(addr: &str, method: &str, path: &str, json: Option<&serde_json::Value>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
     let body = json.map(|v| v.to_string()).unwrap_or_default();
     let head = if json.is_some() {
         format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            "Origin: http://{addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
             body.len()
         )
     } else {
         String::new()
     };
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{head}Connection: close\r\n\r\n{body}"
-    )
-    .unwrap();
+    let (status, _, body) = raw_http(
+        addr,
+        &format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{head}"),
+        &body,
+    );
+    (status, body)
+}
+
+/// One request of head `head` (request line and headers, each ending in CRLF; `Connection:
+/// close` is added) and `body` to `addr`: (status, response head, body).
+pub(crate) fn raw_http(addr: &str, head: &str, body: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "{head}Connection: close\r\n\r\n{body}").unwrap();
     let mut buf = String::new();
     s.read_to_string(&mut buf).unwrap();
     let status = buf[9..12].parse().unwrap();
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    (status, head.to_string(), body.to_string())
 }
 
 pub(crate) struct Server(pub(crate) Child);
@@ -495,10 +500,16 @@ impl Drop for Server {
 /// Starts `report --serve` on a free port with `extra` arguments; returns the server and its
 /// address.
 pub(crate) fn serve(run: &Path, extra: &[String]) -> (Server, String) {
+    serve_with(run, extra, &[])
+}
+
+/// [`serve`] with environment variables `envs` set for the server.
+pub(crate) fn serve_with(run: &Path, extra: &[String], envs: &[(&str, &str)]) -> (Server, String) {
     let child = crate::common::lego_process()
         .args(["report", "--serve", "--bind", "127.0.0.1:0"])
         .arg(run)
         .args(extra)
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -28,6 +28,9 @@ pub struct Synth {
     pub test_edit_every: usize,
     /// Every n-th trajectory planted a module shadowing pytest (graded 0, `grader_tampering`).
     pub tamper_every: usize,
+    /// Every n-th trajectory's diff raised a hack signal (`hack_skip`; `suspected_hack` when it
+    /// was rewarded).
+    pub hack_every: usize,
     /// Add a sample naming a trajectory that does not exist.
     pub orphan_sample: bool,
     /// unreplayed_token_fraction of every step (routing replay on).
@@ -50,6 +53,7 @@ impl Default for Synth {
             git_every: 0,
             test_edit_every: 0,
             tamper_every: 0,
+            hack_every: 0,
             orphan_sample: false,
             unreplayed: 0.0,
             kl: 1e-6,
@@ -174,6 +178,13 @@ pub fn trajectory(s: &Synth, step: u64, task: usize, sample: u32, index: usize) 
         });
     }
     let reward = if tampered && !infra { Some(0.0) } else { reward };
+    if s.hack_every > 0 && index % s.hack_every == 0 {
+        audit.push(AuditEvent {
+            kind: "hack_skip".into(),
+            detail: "pkg/a.py:3: pytest.skip('slow')".into(),
+            generation: None,
+        });
+    }
     let t0 = 1_700_000_000.0 + (step * 1000 + index as u64) as f64;
     Trajectory {
         schema: Trajectory::SCHEMA.into(),

@@ -38,7 +38,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("34 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("35 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),
@@ -97,6 +97,59 @@ fn any_grader_tampering_fails_its_gate() {
     write_run(clean.path(), &Synth::default());
     let (_, v) = validate_json(clean.path(), &[]);
     assert_eq!(gate(&v, "grader_tampering_rate")["passed"], true, "{v}");
+}
+
+#[test]
+fn a_rewarded_trajectory_with_a_hack_signal_fails_suspected_hack_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Synth {
+        hack_every: 3,
+        ..Default::default()
+    };
+    write_run(dir.path(), &s);
+    let (code, v) = validate_json(dir.path(), &[]);
+    assert_eq!(code, Some(1), "{v}");
+    let step = &v["health"]["steps"]["2"]["audit"];
+    // Signals on trajectories 0, 3, ..., 15 of step 2; only the rewarded ones are suspected.
+    let rewarded: u64 = (0..16)
+        .filter(|i| i % 3 == 0)
+        .filter(|i| {
+            let t = crate::synth::trajectory(&s, 2, i / 4, (i % 4) as u32, *i);
+            t.reward.is_some_and(|r| r > 0.0)
+        })
+        .count() as u64;
+    assert_eq!(step["hack_skip"], 6, "{step}");
+    assert!(rewarded > 0 && rewarded < 6, "{rewarded}");
+    assert_eq!(step["suspected_hack"], rewarded, "{step}");
+    let g = gate(&v, "suspected_hack_rate");
+    assert_eq!(g["passed"], false, "{g}");
+    // The report's advisory of the same name fires on the step (and no audit:suspected_hack).
+    let out = dir.path().join("report");
+    let r = lego()
+        .arg("report")
+        .arg(dir.path())
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{r:?}");
+    let adv: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("advisories.json")).unwrap()).unwrap();
+    let names: Vec<&str> = adv["advisories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["step"] == 2)
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"suspected_hack_rate"), "{names:?}");
+    assert!(!names.contains(&"audit:suspected_hack"), "{names:?}");
+    // Without signals the same run passes it.
+    let clean = tempfile::tempdir().unwrap();
+    write_run(clean.path(), &Synth::default());
+    let (_, v) = validate_json(clean.path(), &[]);
+    assert_eq!(gate(&v, "suspected_hack_rate")["passed"], true, "{v}");
+    assert_eq!(gate(&v, "suspected_hack_rate")["value"], 0.0, "{v}");
 }
 
 #[test]

@@ -9,6 +9,7 @@
 
 pub mod ask;
 pub mod prompt;
+pub mod review;
 pub mod summarize;
 
 use std::path::PathBuf;

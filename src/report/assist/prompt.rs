@@ -98,7 +98,7 @@ fn outcome(d: &TrajDetail) -> String {
     )
 }
 
-fn grader(d: &TrajDetail, budget_chars: usize, left_out: &mut Vec<String>) -> String {
+fn grader(d: &TrajDetail, budget_chars: usize, names: usize, left_out: &mut Vec<String>) -> String {
     let Some(g) = &d.grader else {
         return "no grader result\n".into();
     };
@@ -117,8 +117,8 @@ fn grader(d: &TrajDetail, budget_chars: usize, left_out: &mut Vec<String>) -> St
     }
     let _ = writeln!(out, "{} of {} tests not passing", failing.len(), g.tests.len());
     for (i, t) in failing.iter().enumerate() {
-        if i == 20 {
-            left_out.push(format!("{} more failing test names", failing.len() - 20));
+        if i == names {
+            left_out.push(format!("{} more failing test names", failing.len() - names));
             break;
         }
         let _ = writeln!(out, "- {t}: {}", g.tests[*t]);
@@ -134,6 +134,20 @@ fn grader(d: &TrajDetail, budget_chars: usize, left_out: &mut Vec<String>) -> St
 }
 
 fn agreement(d: &TrajDetail) -> String {
+    if let Some(a) = &d.agreement {
+        let f = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.5}"));
+        let g = &a.figures;
+        return format!(
+            "train-step {} on {} policy tokens in {} samples: Pearson {}, mean |Δ log-prob| {}, max {}, KL {} (trainer minus rollout)\n",
+            a.step,
+            g.policy_tokens,
+            g.samples,
+            f(g.logprob_pearson),
+            f(g.logprob_mean_abs_diff),
+            f(g.logprob_max_abs_diff),
+            f(g.logprob_kl)
+        );
+    }
     let diffs: Vec<f32> = d
         .logprob_diffs
         .iter()
@@ -186,11 +200,51 @@ fn render_turn(n: usize, t: &Turn, caps: Caps) -> (String, usize) {
 }
 
 /// Builds the prompt about `d` for `question`, within `budget` tokens as `counter` counts them.
+///
+/// Every section takes a share of the budget; when the whole does not fit, the shares halve
+/// (instruction, grader, audit, question, turns) until it does, and a last resort cuts the
+/// record's middle. Whatever was cut or dropped is listed under "Left out".
 pub fn build(d: &TrajDetail, question: &str, budget: usize, counter: &TokenCounter) -> AssistPrompt {
-    let mut left_out = Vec::new();
-    // The fixed sections get shares of the budget at about 3 characters per token.
+    let mut p = build_at(d, question, budget, counter, 1);
+    let mut scale = 1;
+    while p.tokens > budget && scale < 64 {
+        scale *= 2;
+        p = build_at(d, question, budget, counter, scale);
+    }
+    if p.tokens > budget {
+        force_fit(&mut p, budget, counter);
+    }
+    p
+}
+
+/// The last resort of [`build`]: the record (everything before "## Left out") cut in its middle
+/// until the prompt fits.
+fn force_fit(p: &mut AssistPrompt, budget: usize, counter: &TokenCounter) {
+    let at = p.user.find("\n## Left out").unwrap_or(p.user.len());
+    let (record, rest) = p.user.split_at(at);
+    let (record, rest) = (record.to_string(), rest.to_string());
+    let note = "the middle of the condensed record (the shares of every section were not small enough)";
+    p.left_out.push(note.into());
+    let rest = rest.replacen("\n## Left out\n", &format!("\n## Left out\n- {note}\n"), 1);
+    let mut chars = record.chars().count();
+    loop {
+        chars = chars * 3 / 4;
+        let (r, _) = cut_middle(&record, chars);
+        let user = format!("{r}{rest}");
+        let tokens = counter.count(SYSTEM) + counter.count(&user);
+        if tokens <= budget || chars < 40 {
+            p.user = user;
+            p.tokens = tokens;
+            return;
+        }
+    }
+}
+
+/// The instruction, outcome, grader, audit and agreement sections at `scale` (1 = full shares;
+/// each doubling halves them).
+fn head(d: &TrajDetail, budget: usize, scale: usize, left_out: &mut Vec<String>) -> String {
     let main = d.threads.first();
-    let (instr, cut) = cut_middle(instruction(main).trim(), (budget / 4).max(400) * 3);
+    let (instr, cut) = cut_middle(instruction(main).trim(), (budget * 3 / 4 / scale).max(120));
     if cut {
         left_out.push("the middle of the instruction".into());
     }
@@ -202,24 +256,44 @@ pub fn build(d: &TrajDetail, question: &str, budget: usize, counter: &TokenCount
     );
     let _ = writeln!(head, "## Instruction\n{instr}\n");
     let _ = writeln!(head, "## Outcome\n{}\n", outcome(d));
+    let names = (20 / scale).max(2);
     let _ = writeln!(
         head,
         "## Grader\n{}",
-        grader(d, (budget / 8).max(200) * 3, &mut left_out)
+        grader(d, (budget * 3 / 8 / scale).max(80), names, left_out)
     );
     if !d.audit.is_empty() {
+        let (most, detail) = ((20 / scale).max(2), (300 / scale).max(60));
         let _ = writeln!(head, "## Audit events (reward-integrity checks)");
+        let mut cut_details = 0;
         for (i, a) in d.audit.iter().enumerate() {
-            if i == 20 {
-                left_out.push(format!("{} more audit events", d.audit.len() - 20));
+            if i == most {
+                left_out.push(format!("{} more audit events", d.audit.len() - most));
                 break;
             }
-            let (detail, _) = cut_middle(&a.detail, 300);
-            let _ = writeln!(head, "- {}: {detail}", a.kind);
+            let (text, cut) = cut_middle(&a.detail, detail);
+            cut_details += usize::from(cut);
+            let _ = writeln!(head, "- {}: {text}", a.kind);
+        }
+        if cut_details > 0 {
+            left_out.push(format!("the middle of {cut_details} audit details"));
         }
         head.push('\n');
     }
     let _ = writeln!(head, "## Rollout-vs-trainer agreement\n{}", agreement(d));
+    head
+}
+
+fn build_at(
+    d: &TrajDetail,
+    question: &str,
+    budget: usize,
+    counter: &TokenCounter,
+    scale: usize,
+) -> AssistPrompt {
+    let mut left_out = Vec::new();
+    let main = d.threads.first();
+    let head = head(d, budget, scale, &mut left_out);
     if d.threads.len() > 1 {
         let others: usize = d.threads[1..].iter().map(|t| t.turns.len()).sum();
         left_out.push(format!(
@@ -228,7 +302,11 @@ pub fn build(d: &TrajDetail, question: &str, budget: usize, counter: &TokenCount
         ));
     }
     left_out.push("the harness's system prompt and tool definitions".into());
-    let tail = format!("## Question\n{question}\n");
+    let (q, cut) = cut_middle(question, (budget * 3 / 4 / scale).max(200));
+    if cut {
+        left_out.push("the middle of the question".into());
+    }
+    let tail = format!("## Question\n{q}\n");
 
     let turns: Vec<&Turn> = main
         .map(|t| {
@@ -240,7 +318,13 @@ pub fn build(d: &TrajDetail, question: &str, budget: usize, counter: &TokenCount
         .unwrap_or_default();
     // The first user turn is the instruction, shown above.
     let skip = turns.iter().position(|t| t.role == "user").map_or(0, |i| i + 1);
-    let fixed = counter.count(SYSTEM) + counter.count(&head) + counter.count(&tail) + 160;
+    let left_out_room: usize = left_out.iter().map(|l| counter.count(l) + 2).sum::<usize>() + 80;
+    let fixed = counter.count(SYSTEM) + counter.count(&head) + counter.count(&tail) + left_out_room;
+    let min_caps = Caps {
+        text: MIN_CAPS.text / scale,
+        args: MIN_CAPS.args / scale,
+        output: MIN_CAPS.output / scale,
+    };
     let mut caps = FIRST_CAPS;
     let (rendered, cuts) = loop {
         let r: Vec<(String, usize)> = turns
@@ -250,14 +334,14 @@ pub fn build(d: &TrajDetail, question: &str, budget: usize, counter: &TokenCount
             .map(|(i, t)| render_turn(i, t, caps))
             .collect();
         let total: usize = r.iter().map(|(s, _)| counter.count(s)).sum();
-        if fixed + total <= budget || caps.output <= MIN_CAPS.output {
+        if fixed + total <= budget || caps.output <= min_caps.output {
             let cuts = r.iter().map(|(_, c)| c).sum::<usize>();
             break (r.into_iter().map(|(s, _)| s).collect::<Vec<_>>(), cuts);
         }
         caps = Caps {
-            text: (caps.text / 2).max(MIN_CAPS.text),
-            args: (caps.args / 2).max(MIN_CAPS.args),
-            output: (caps.output / 2).max(MIN_CAPS.output),
+            text: (caps.text / 2).max(min_caps.text),
+            args: (caps.args / 2).max(min_caps.args),
+            output: (caps.output / 2).max(min_caps.output),
         };
     };
     if cuts > 0 {
@@ -311,8 +395,9 @@ pub fn build(d: &TrajDetail, question: &str, budget: usize, counter: &TokenCount
     }
 }
 
-/// Which turns fit in `room` tokens: all when they do; otherwise the first two and as many of
-/// the last as fit, with 10% of the room kept free for where pieces join.
+/// Which turns fit in `room` tokens: all when they do; otherwise the last one (how the
+/// trajectory ended), the first two and as many more of the last as fit, with 10% of the room
+/// kept free for where pieces join.
 fn keep_turns(sizes: &[usize], room: usize) -> Box<dyn Fn(usize) -> bool> {
     let n = sizes.len();
     let total: usize = sizes.iter().sum();
@@ -321,12 +406,16 @@ fn keep_turns(sizes: &[usize], room: usize) -> Box<dyn Fn(usize) -> bool> {
     }
     let room = room * 9 / 10;
     let mut used = 0;
+    let mut last = n;
+    if n > 0 && sizes[n - 1] <= room {
+        used += sizes[n - 1];
+        last = n - 1;
+    }
     let mut first = 0;
-    while first < n.min(2) && used + sizes[first] <= room {
+    while first < n.min(2).min(last) && used + sizes[first] <= room {
         used += sizes[first];
         first += 1;
     }
-    let mut last = n;
     while last > first && used + sizes[last - 1] <= room {
         used += sizes[last - 1];
         last -= 1;
@@ -396,6 +485,7 @@ mod tests {
             audit: vec![],
             diff: None,
             logprob_diffs: vec![],
+            agreement: None,
         }
     }
 
