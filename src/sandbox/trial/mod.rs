@@ -45,10 +45,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod bounded;
 mod cleanup;
 mod defence;
 mod evaluate;
+mod harbor_grader;
 mod lifecycle;
+mod noptrace;
 mod observe;
 mod results;
 mod revert;
@@ -56,6 +59,7 @@ mod setup;
 mod signals;
 mod stop;
 mod swe_grader;
+mod swe_verdict;
 
 pub use defence::Defence;
 pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};
