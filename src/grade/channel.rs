@@ -1,23 +1,25 @@
-//! The grader's result channel: test outcomes that code under test cannot rewrite after the fact.
+//! The grader's result channel: test outcomes that code under test can neither rewrite after the
+//! fact nor forge.
 //!
 //! The grader installs [`PLUGIN_PY`] (module [`PLUGIN_MODULE`]) as root in the evaluation
 //! container's site-packages (root-owned, read-only to the test user) and loads it with `-p`, so it
 //! loads with plugin autoload off too. As each test phase finishes, its `pytest_runtest_logreport`
 //! writes one JSON line (`["report", nodeid, when, outcome, xfail]`) to an inherited file
 //! descriptor: the write end of a FIFO whose reader is a root process copying it to a root-only
-//! file. Code under test can append to that stream, but never remove or rewrite a line already
-//! written; junit.xml, the log and the exit code, which the test user owns, can be rewritten (an
-//! `atexit` hook and `os._exit(0)`), so they no longer decide the reward:
+//! file. junit.xml, the log and the exit code, which the test user owns, can be rewritten (an
+//! `atexit` hook and `os._exit(0)`), so they no longer decide the reward. Code under test can write
+//! to the descriptor too, so every line the plugin writes starts with a per-grading key
+//! ([`KEY_FD_ENV`]), which the plugin reads before any code under test is imported:
 //!
-//! - the statuses come from the stream, the FIRST outcome of each (test, phase);
-//! - a (test, phase) recorded twice with different outcomes, or a graded test on which junit.xml
-//!   and the stream disagree (one says it passed, the other does not), is tampering: reward 0,
-//!   event [`RESULT_TAMPERING`], reason `grader_tampering`.
+//! - the statuses come from the keyed lines, the FIRST outcome of each (test, phase), and pytest's
+//!   exit status from the keyed `finish` alone;
+//! - an unkeyed line, a (test, phase) recorded twice with different outcomes, or a graded test on
+//!   which junit.xml and the stream disagree (one says it passed, the other does not), is
+//!   tampering: reward 0, event [`RESULT_TAMPERING`], reason `grader_tampering`.
 //!
 //! Not closed (see the threat model in man/lego-rl-formats.md): code that runs inside pytest before
-//! a test reports (a conftest the grader leaves alone, the module under test at import) can patch
-//! the report objects in memory, or this plugin itself; the stream then records what pytest was
-//! told.
+//! a test reports (the module under test at import) can read the key from the plugin's memory, patch
+//! the report objects, or this plugin itself; the stream then records what pytest was told.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -364,7 +366,10 @@ not json
         assert!(ev.detail.contains("t.py::b recorded twice"), "{}", ev.detail);
         // junit.xml rewritten to a pass the stream never saw; a test junit.xml does not list is
         // left alone.
-        let s = parse("[\"start\"]\n[\"report\", \"t.py::b\", \"call\", \"failed\", false]\n", None);
+        let s = parse(
+            "[\"start\"]\n[\"report\", \"t.py::b\", \"call\", \"failed\", false]\n",
+            None,
+        );
         let junit: BTreeMap<String, String> = [("t.py::b".to_string(), PASSED.to_string())].into();
         let ev = tampering(&s, Some(&junit), &v(&["t.py::b", "t.py::z"])).expect("disagreement");
         assert!(

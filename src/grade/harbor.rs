@@ -169,7 +169,9 @@ pub fn tampering(stats: &[RewardStat], expected: &BTreeSet<&str>, exited: Option
         } else if s.mode != "644" {
             why.push(format!("{f} has mode {} (was 644)", s.mode));
         } else if written && !expected.contains(f) {
-            why.push(format!("{f} was written, but the task's verifier writes only {expected:?}"));
+            why.push(format!(
+                "{f} was written, but the task's verifier writes only {expected:?}"
+            ));
         } else if written && exited.is_some_and(|t| s.ctime > t) {
             why.push(format!("{f} was changed after test.sh exited"));
         }
@@ -197,12 +199,20 @@ mod tests {
         assert!(why.contains("after test.sh exited"), "{why}");
         // A planted reward.json, a read-only reward.txt, a symlink.
         let planted = parse_stats(&out.replace("regular empty file 90.25", "regular file 90.25"));
-        assert!(tampering(&planted, &expected, None).expect("planted").contains("reward.json was written"));
+        assert!(tampering(&planted, &expected, None)
+            .expect("planted")
+            .contains("reward.json was written"));
         let ro = parse_stats(&out.replace("644 agent regular file", "444 agent regular file"));
-        assert!(tampering(&ro, &expected, None).expect("mode").contains("mode 444"));
+        assert!(tampering(&ro, &expected, None)
+            .expect("mode")
+            .contains("mode 444"));
         let link = parse_stats(&out.replace("regular file 100.5", "symbolic link 100.5"));
-        assert!(tampering(&link, &expected, None).expect("link").contains("symbolic link"));
-        assert!(tampering(&stats[..1], &expected, None).expect("gone").contains("reward.json is gone"));
+        assert!(tampering(&link, &expected, None)
+            .expect("link")
+            .contains("symbolic link"));
+        assert!(tampering(&stats[..1], &expected, None)
+            .expect("gone")
+            .contains("reward.json is gone"));
     }
 
     #[test]

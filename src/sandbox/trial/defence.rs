@@ -56,6 +56,9 @@ pub enum Defence {
     /// Result files are read with a size cap and never through a symlink (`result_tampering` /
     /// `reward_tampering`); off, `cat`.
     BoundedReads,
+    /// The config file pytest used (the plugin's report) is compared with the base commit's: one
+    /// the diff wrote is `config_mismatch`.
+    ConfigCheck,
     /// Harbor: root owns `/logs/verifier`, pre-creates the reward files `test.sh` writes, kills
     /// the verifier user's processes before reading, and checks what is there
     /// (`reward_tampering`); off, the verifier user owns the directory and anything in it counts.

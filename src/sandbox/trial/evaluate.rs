@@ -5,22 +5,20 @@
 //! imported in place of the grader's own.
 //!
 //! - SWE-style ([`super::swe_grader`]): protected test files restored, the test patch applied, `test_cmd` run, statuses
-//!   graded ([`grade::swebench`]) from the grader's root-owned result stream ([`channel`]), which
+//!   graded ([`crate::grade::swebench`]) from the grader's root-owned result stream ([`channel`]), which
 //!   junit.xml must agree with.
-//! - Harbor: `/tests` uploaded only after the diff is applied, `test.sh` run as the task's
-//!   `[verifier] user` (else the non-root agent user) with pytest's plugin autoload off (the image's
-//!   plugins named in `PYTEST_PLUGINS`), `/logs/verifier/reward.*` read by root.
+//! - Harbor ([`super::harbor_grader`]): `/tests` uploaded only after the diff is applied, `test.sh`
+//!   run as the task's `[verifier] user` (else the non-root agent user) with pytest's plugin
+//!   autoload off (the image's plugins named in `PYTEST_PLUGINS`), `/logs/verifier/reward.*` read
+//!   by root once it checked they are `test.sh`'s own.
 //!
-//! Before any test runs, [`grade::integrity::tampering`] checks the diff; a diff that shadows a
+//! Before any test runs, [`crate::grade::integrity::tampering`] checks the diff; a diff that shadows a
 //! module the grader imports, or a tree with planted bytecode (found at extraction), gets reward 0
 //! with reason `grader_tampering`, and no test runs.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use super::revert::Reverts;
-use super::{diff_files, Defence, Trial};
-use crate::grade;
+use super::{Defence, Trial};
 use crate::grade::channel;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};

@@ -39,7 +39,7 @@ use crate::grade::harbor::{OUTLIVED_VERIFIER, REWARD_FILES, REWARD_TAMPERING};
 use crate::grade::integrity;
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
-use crate::sandbox::{SandboxError, AGENT_USER};
+use crate::sandbox::{ExecOutput, SandboxError, AGENT_USER};
 use crate::text::{sh_quote, tail_bytes};
 
 /// The text of every file under `dir` (the task's tests directory: small).
@@ -91,6 +91,19 @@ fn run_script(u: &str, wd: &str, env: &str, no_ptrace: bool) -> String {
          cd /logs/verifier && stat -c 'LEGO_STAT %n %a %U %F %.9Z' {} 2>/dev/null; true",
         REWARD_FILES.join(" ")
     )
+}
+
+/// The texts of reward.json and reward.txt, when written.
+type Rewards = (Option<String>, Option<String>);
+
+/// What the verdict needs besides `test.sh`'s output.
+struct Graded<'a> {
+    id: &'a str,
+    diff: &'a str,
+    apply: Option<String>,
+    tests_dir: &'a Path,
+    /// [`Defence::RewardFiles`] is on.
+    guarded: bool,
 }
 
 impl Trial {
@@ -212,6 +225,29 @@ impl Trial {
             .engine
             .exec(&id, "root", "/", &[], &run, self.limits.eval)
             .await?;
+        let graded = Graded {
+            id: &id,
+            diff: &diff,
+            apply,
+            tests_dir: &dir,
+            guarded,
+        };
+        self.harbor_verdict(out, graded).await
+    }
+
+    /// The verdict once `test.sh` ran (its output `out`).
+    async fn harbor_verdict(
+        &mut self,
+        out: ExecOutput,
+        g: Graded<'_>,
+    ) -> Result<(f64, GraderResult), SandboxError> {
+        let Graded {
+            id,
+            diff,
+            apply,
+            tests_dir: dir,
+            guarded,
+        } = g;
         if out.stdout.contains(noptrace::FAILED) {
             return Err(stage_error(format!(
                 "the verifier's seccomp filter: {}",
@@ -237,7 +273,7 @@ impl Trial {
                 generation: None,
             });
         }
-        let log = self.verifier_log(&id).await?;
+        let log = self.verifier_log(id).await?;
         // test.sh must finish for its reward to count: killed (by a signal: exit 128+n, or no
         // exit line at all) on a non-empty diff is the diff's doing.
         let sabotage = !diff.trim().is_empty() && self.defended(Defence::SabotageCostsReward);
@@ -249,13 +285,13 @@ impl Trial {
         let rewards = if guarded {
             let exited = marker(&out.stdout, "LEGO_T=").and_then(|t| t.trim().parse().ok());
             let stats = grade::harbor::parse_stats(&out.stdout);
-            let expected = grade::harbor::expected_files(texts_under(&dir).iter().map(Vec::as_slice));
+            let expected = grade::harbor::expected_files(texts_under(dir).iter().map(Vec::as_slice));
             match grade::harbor::tampering(&stats, &expected, exited) {
                 Some(why) => Err(why),
-                None => self.read_rewards(&id).await?,
+                None => self.read_rewards(id).await?,
             }
         } else {
-            Ok(self.read_rewards_unguarded(&id).await?)
+            Ok(self.read_rewards_unguarded(id).await?)
         };
         let parsed = match rewards {
             Ok((json, txt)) => grade::harbor::parse_reward(json.as_deref(), txt.as_deref()),
@@ -297,8 +333,7 @@ impl Trial {
     }
 
     /// The reward files, read bounded (empty: not written): `Err` says why one was refused.
-    #[expect(clippy::type_complexity, reason = "two optional texts or why not")]
-    async fn read_rewards(&self, id: &str) -> Result<Result<(Option<String>, Option<String>), String>, SandboxError> {
+    async fn read_rewards(&self, id: &str) -> Result<Result<Rewards, String>, SandboxError> {
         let mut got = Vec::new();
         for f in REWARD_FILES {
             let path = format!("/logs/verifier/{f}");
@@ -315,11 +350,15 @@ impl Trial {
     }
 
     /// Without [`Defence::RewardFiles`]: whatever is there, whole.
-    async fn read_rewards_unguarded(&self, id: &str) -> Result<(Option<String>, Option<String>), SandboxError> {
+    async fn read_rewards_unguarded(
+        &self,
+        id: &str,
+    ) -> Result<(Option<String>, Option<String>), SandboxError> {
         let short = std::time::Duration::from_secs(60);
         let mut got = Vec::new();
         for f in REWARD_FILES {
-            let read = format!("if [ -f /logs/verifier/{f} ]; then echo LEGO_PRESENT; cat /logs/verifier/{f}; fi");
+            let read =
+                format!("if [ -f /logs/verifier/{f} ]; then echo LEGO_PRESENT; cat /logs/verifier/{f}; fi");
             let out = self.engine.exec(id, "root", "/", &[], &read, short).await?.stdout;
             got.push(out.strip_prefix("LEGO_PRESENT\n").map(str::to_string));
         }
@@ -343,9 +382,15 @@ mod tests {
     fn test_sh_is_roots_child_and_the_kills_use_builtins() {
         let s = run_script("'agent'", "/app", "PYTHONSAFEPATH=1", true);
         assert!(s.contains("then python3 -I -c"), "{s}");
-        assert!(s.contains("bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null; else"), "{s}");
+        assert!(
+            s.contains("bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null; else"),
+            "{s}"
+        );
         assert!(s.contains("rc=$?; T=$EPOCHREALTIME; n=0;"), "{s}");
-        assert!(s.contains("stat -c 'LEGO_STAT %n %a %U %F %.9Z' reward.json reward.txt"), "{s}");
+        assert!(
+            s.contains("stat -c 'LEGO_STAT %n %a %U %F %.9Z' reward.json reward.txt"),
+            "{s}"
+        );
         let plain = run_script("'agent'", "/app", "", false);
         assert!(!plain.contains("python3"), "{plain}");
     }

@@ -1,12 +1,13 @@
 //! No grading process can trace or write into another: the test user's commands run under a
-//! seccomp filter that fails `ptrace`, `process_vm_readv` and `process_vm_writev` with `EPERM`.
+//! seccomp filter that fails `ptrace`, `process_vm_readv`, `process_vm_writev` and `pidfd_getfd`
+//! (which copies another process's descriptor, its stdout say) with `EPERM`.
 //!
 //! Why a filter installed in the container, and not Docker's `seccomp=` security option: Docker
 //! has no per-exec security option (only the container's), and a container profile *replaces* the
 //! engine's default one, so denying ptrace that way means shipping a copy of Docker's whole
 //! default profile (hundreds of rules, which drift from the engine's) or loosening it. A filter
 //! installed with `prctl(PR_SET_SECCOMP)` *stacks* on whatever the engine installed: every
-//! syscall must pass both, so the engine's defaults stay as they are and only these three are
+//! syscall must pass both, so the engine's defaults stay as they are and only these four are
 //! added. It is installed by root's grading shell just before it drops to the test user
 //! (`no_new_privs` set first, as the kernel requires; `setpriv` then drops privileges, it never
 //! gains any), and is inherited by every process the tests start; nothing can remove a seccomp
@@ -18,13 +19,16 @@
 //! number of another table cannot slip past. Needs `python3` in the image (every SWE task image
 //! has it; a Harbor image without it runs its verifier without the filter, see the threat model).
 //! A filter that cannot be installed prints [`FAILED`] and the trial is an infra failure.
+//!
+//! Not covered: a same-user write through `/proc/PID/mem` (the kernel checks it like ptrace, but a
+//! filter cannot tell that open from any other); see the threat model.
 
 /// Printed (stdout) when the filter cannot be installed.
 pub(super) const FAILED: &str = "LEGO_SECCOMP_FAILED";
 
 /// Installs the filter, then `execvp(argv[1:])`.
 const FILTER_PY: &str = r#"import ctypes, os, platform, struct, sys
-arch, nrs = {'x86_64': (0xC000003E, (101, 310, 311)), 'aarch64': (0xC00000B7, (117, 270, 271))}.get(platform.machine(), (None, ()))
+arch, nrs = {'x86_64': (0xC000003E, (101, 310, 311, 438)), 'aarch64': (0xC00000B7, (117, 270, 271, 438))}.get(platform.machine(), (None, ()))
 def ins(code, jt, jf, k):
     return struct.pack('HBBI', code, jt, jf, k)
 try:

@@ -72,8 +72,14 @@ mod tests {
         };
         let w = grading_wrapper("echo 'hi'", all);
         assert!(w.contains("mkfifo -m 600 /var/lib/lego-rl-results/fifo"), "{w}");
-        assert!(w.contains("> /var/lib/lego-rl-results/key; exec 4< <(printf"), "{w}");
-        assert!(w.contains("exec 3>/var/lib/lego-rl-results/fifo; python3 -I -c"), "{w}");
+        assert!(
+            w.contains("> /var/lib/lego-rl-results/key; exec 4< <(printf"),
+            "{w}"
+        );
+        assert!(
+            w.contains("exec 3>/var/lib/lego-rl-results/fifo; python3 -I -c"),
+            "{w}"
+        );
         assert!(w.contains(
             "exec 3>&- 4<&-; setpriv --reuid=agent --regid=agent --init-groups -- bash -c 'kill -KILL -1'"
         ));

@@ -42,7 +42,11 @@ pub(super) struct VerdictContext<'a> {
 /// (pytest 9 added `pytest.toml` and `.pytest.toml` ahead of all others); a config file that
 /// differs from the probe's for another reason (the test files passed move pytest's rootdir) is
 /// the base's or the test patch's, not the diff's, and is no event.
-pub fn config_event(base: Option<&str>, used: Option<&str>, touched: &BTreeSet<String>) -> Option<AuditEvent> {
+pub fn config_event(
+    base: Option<&str>,
+    used: Option<&str>,
+    touched: &BTreeSet<String>,
+) -> Option<AuditEvent> {
     let (base, used) = (base?, used?);
     if base == used || used.is_empty() || !touched.contains(used) {
         return None;
@@ -64,7 +68,14 @@ impl Trial {
         let short = Duration::from_secs(60);
         let text = self
             .engine
-            .exec(id, "root", "/", &[], &format!("head -c {STREAM_CAP} {RESULTS}/stream"), short)
+            .exec(
+                id,
+                "root",
+                "/",
+                &[],
+                &format!("head -c {STREAM_CAP} {RESULTS}/stream"),
+                short,
+            )
             .await?
             .stdout;
         let key = if keyed {
@@ -143,7 +154,8 @@ impl Trial {
             if let Some(event) = channel::tampering(&stream, junit.as_ref(), &graded) {
                 return refuse(self, event);
             }
-            if let Some(event) = config_event(base_config.as_deref(), stream.config.as_deref(), touched) {
+            let config = config_event(base_config.as_deref(), stream.config.as_deref(), touched);
+            if let Some(event) = config.filter(|_| self.defended(Defence::ConfigCheck)) {
                 return refuse(self, event);
             }
             let exit = if self.defended(Defence::PluginFinish) {
