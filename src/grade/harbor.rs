@@ -154,8 +154,8 @@ pub fn parse_stats(out: &str) -> Vec<RewardStat> {
 /// Root pre-creates every reward file empty, mode 644, owned by the verifier user, in a directory
 /// of its own: the non-empty ones are those written. Why a reward is not the one `test.sh` wrote,
 /// if it is not: a file that is not a regular file, a changed mode, a file the task's verifier
-/// does not write (`expected`), or a write after `test.sh` exited (`exited`, root's clock when it
-/// reaped `test.sh`).
+/// does not write (`expected`), or a change after `test.sh` exited (`exited`: the ctime of a file
+/// root stamped when it reaped `test.sh`, so both times come from the kernel's file clock).
 pub fn tampering(stats: &[RewardStat], expected: &BTreeSet<&str>, exited: Option<f64>) -> Option<String> {
     let mut why = Vec::new();
     for f in REWARD_FILES {
@@ -172,7 +172,9 @@ pub fn tampering(stats: &[RewardStat], expected: &BTreeSet<&str>, exited: Option
             why.push(format!(
                 "{f} was written, but the task's verifier writes only {expected:?}"
             ));
-        } else if written && exited.is_some_and(|t| s.ctime > t) {
+        } else if exited.is_some_and(|t| s.ctime > t) {
+            // Written or truncated after the exit (an empty file too: a writer killed between
+            // truncating and writing).
             why.push(format!("{f} was changed after test.sh exited"));
         }
     }
@@ -213,6 +215,9 @@ mod tests {
         assert!(tampering(&stats[..1], &expected, None)
             .expect("gone")
             .contains("reward.json is gone"));
+        // Truncated after the exit by a writer killed before it wrote.
+        let truncated = tampering(&stats, &expected, Some(80.0)).expect("truncated");
+        assert!(truncated.contains("reward.json was changed after"), "{truncated}");
     }
 
     #[test]

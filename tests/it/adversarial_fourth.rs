@@ -4,9 +4,8 @@
 //! `Trial::without_defence`), what its author is after: reward 1 or the weight-0 infra failure.
 //!
 //! - SWE: result lines forged on the plugin's descriptor before `os._exit(0)` (the per-grading
-//!   key); the grading shell's exit line printed into its stdout through a copy of its descriptor
-//!   (`pidfd_getfd`), then the shell killed (the plugin's keyed `finish`); the same line injected by tracing the shell (the
-//!   no-ptrace filter); junit.xml made a 512 MiB sparse file or a symlink to `/dev/zero` (bounded
+//!   key); the grading shell's exit line injected into its stdout by tracing it, then the shell
+//!   killed (the plugin's keyed `finish` alone; the no-ptrace filter alone); junit.xml made a 512 MiB sparse file or a symlink to `/dev/zero` (bounded
 //!   reads; the sparse file also with the host's peak memory measured, in a child process).
 //! - Harbor, on `harbor__reward-txt` (its `test.sh` runs the agent's module and writes only
 //!   reward.txt): a read-only reward.txt, a planted reward.json, a daemon that rewrites the reward
@@ -40,14 +39,6 @@ fn forge_fd3(swe: &Task) -> String {
          _o._exit(0)\n"
     )
 }
-
-/// Prints the grading shell's exit line into the shell's own stdout (a copy of its descriptor 1,
-/// taken with `pidfd_getfd`: Docker's exec stdout is a socket, which `/proc/PID/fd/1` cannot
-/// reopen), kills the shell, and keeps pytest from finishing before root's cleanup.
-const EXIT_LINE_BY_PIDFD: &str = "\nimport ctypes as _c, os as _o, time as _t\n_sh = _o.getppid()\n\
-try:\n    _fd = _c.CDLL(None, use_errno=True).syscall(438, _o.pidfd_open(_sh), 1, 0)\n    \
-if _fd >= 0:\n        _o.write(_fd, b'\\nLEGO_EXIT=0\\n')\nexcept OSError:\n    pass\n\
-_o.kill(_sh, 9)\n_t.sleep(3)\n";
 
 /// Traces the grading shell (x86_64): makes it run `write(1, "\nLEGO_EXIT=0\n")` at the syscall it
 /// is blocked in, then kills it; when tracing is denied, only kills it.
@@ -133,17 +124,17 @@ fn cases(swe: &Task) -> Vec<Case> {
         Scores::Reward,
     );
     forged.reason = Some("grader_tampering");
-    // The no-ptrace filter (which denies pidfd_getfd) stays off in both runs: the finish rule
-    // alone must stop the printed exit line.
-    let mut by_pidfd = trick(
-        "exit-line-printed-through-a-copied-descriptor-then-the-shell-killed",
-        in_module(EXIT_LINE_BY_PIDFD),
+    // The same injected exit line with the no-ptrace filter off in both runs: the finish rule
+    // alone must catch the killed shell.
+    let mut by_finish = trick(
+        "exit-line-injected-by-ptrace-caught-by-the-plugins-finish",
+        in_module(EXIT_LINE_BY_PTRACE),
         "grading_killed",
         &[Defence::PluginFinish],
         Scores::Infra,
     );
-    by_pidfd.keep_off = vec![Defence::NoPtrace];
-    by_pidfd.reason = Some("grading_killed");
+    by_finish.keep_off = vec![Defence::NoPtrace];
+    by_finish.reason = Some("grading_killed");
     // The finish rule stays off in both runs: the filter alone must stop the traced exit line.
     let mut by_ptrace = trick(
         "exit-line-injected-by-ptrace-then-the-shell-killed",
@@ -183,7 +174,7 @@ fn cases(swe: &Task) -> Vec<Case> {
     control.script = crate::sandbox::gold_script(&task(HARBOR_TXT));
     vec![
         forged,
-        by_pidfd,
+        by_finish,
         by_ptrace,
         zero,
         harbor(
@@ -296,128 +287,15 @@ fn check(c: &Case, r: &TrialResult) -> Result<(), String> {
         return Err(format!("reward or infra: {}", ctx()));
     }
     let reason = r.grader.as_ref().and_then(|g| g.reason.as_deref());
-    // The daemon is killed the moment test.sh exits; if it wrote first, that is reward_tampering.
+    // The daemon is killed the moment test.sh exits, wherever it is: before it writes (no more
+    // than its event), after it truncated or wrote the reward (reward_tampering), or, when the
+    // kernel's file clock stamped its truncation within the tick of the exit's mark, with the
+    // reward truncated (reward_missing). Reward 0 in each case.
     let daemon = c.name.starts_with("harbor-daemon");
-    if reason != c.reason && !(daemon && reason == Some("reward_tampering")) {
+    let late = ["reward_tampering", "reward_missing"];
+    if reason != c.reason && !(daemon && reason.is_some_and(|r| late.contains(&r))) {
         return Err(format!("reason {reason:?}: {}", ctx()));
     }
-    let kinds: Vec<&str> = r
-        .audit
-        .iter()
-        .map(|a| a.kind.as_str())
-        .filter(|k| KINDS.contains(k))
-        .collect();
-    let extra = kinds
-        .iter()
-        .any(|k| !c.events.contains(k) && !(daemon && *k == "reward_tampering"));
-    if !c.events.iter().all(|w| kinds.contains(w)) || extra {
-        return Err(format!("events {kinds:?}, want {:?}: {}", c.events, ctx()));
-    }
-    Ok(())
-}
-
-/// Yama's `ptrace_scope` >= 1 (Ubuntu's default) already keeps a process from tracing its parent:
-/// there the ptrace trick cannot score even with the filter off.
-fn yama_blocks_tracing_the_parent() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .is_some_and(|n| n >= 1)
-}
-
-#[test]
-fn fourth_pass_tricks_score_without_their_defence_and_get_zero_with_it() {
-    let rt = rt();
-    let Some(engine) = engine(&rt) else { return };
-    images();
-    let swe = task(SWE);
-    let run = run_id("adversarial-fourth");
-    let only = std::env::var("LEGO_RL_ADVERSARIAL_ONLY").unwrap_or_default();
-    let pytest9 = pytest9_image(&images()[SWE].image);
-    let all: Vec<Case> = cases(&swe)
-        .into_iter()
-        .chain(pytest9_cases(&pytest9, &swe))
-        .filter(|c| only.is_empty() || only.split(',').any(|o| o == c.name))
-        .collect();
-    let yama = yama_blocks_tracing_the_parent();
-    let runs: Vec<(usize, bool)> = all
-        .iter()
-        .enumerate()
-        .flat_map(|(i, c)| {
-            let twin = !c.off.is_empty() && !(yama && c.off == [Defence::NoPtrace]);
-            std::iter::once((i, false)).chain(twin.then_some((i, true)))
-        })
-        .collect();
-    if yama {
-        eprintln!("NOTE: Yama ptrace_scope >= 1 on this host: the ptrace trick's unguarded twin is not run");
-    }
-    let tasks: Vec<Task> = all.iter().map(|c| task(c.task)).collect();
-    let results: Vec<(usize, bool, TrialResult)> = rt.block_on(async {
-        futures::stream::iter(runs.iter().copied())
-            .map(|(i, unguarded)| {
-                let (engine, run, c, t) = (&engine, &run, &all[i], &tasks[i]);
-                async move { (i, unguarded, run_case(engine, t, run, c, unguarded).await) }
-            })
-            .buffer_unordered(2)
-            .collect()
-            .await
-    });
-    let failures: Vec<String> = results
-        .iter()
-        .filter_map(|(i, unguarded, r)| {
-            if *unguarded {
-                check_unguarded(&all[*i], r).err()
-            } else {
-                check(&all[*i], r).err()
-            }
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} runs failed:\n{}",
-        failures.len(),
-        runs.len(),
-        failures.join("\n")
-    );
-    rt.block_on(assert_no_leftovers(&engine, &run));
-}
-
-/// The environment variable that makes [`sparse_junit_child`] run (`guarded` or `unguarded`).
-const CHILD: &str = "LEGO_RL_SPARSE_JUNIT_CHILD";
-
-/// Peak resident memory of this process (kB).
-fn vm_hwm_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// One sparse-junit trial in a process of its own (run by
-/// [`a_sparse_junit_xml_never_reaches_the_host_memory`]): prints its reward, events and how much its
-/// peak memory grew during the trial.
-#[test]
-fn sparse_junit_child() {
-    let Ok(mode) = std::env::var(CHILD) else { return };
-    let rt = rt();
-    let Some(engine) = engine(&rt) else { return };
-    let swe = task(SWE);
-    let mut c = trick(
-        "junit-xml-a-512-mib-sparse-file",
-        in_module(SPARSE_JUNIT),
-        "result_tampering",
-        &[Defence::BoundedReads],
-        Scores::Reward,
-    );
-    c.eval_s = Some(120);
-    let before = vm_hwm_kb();
-    let run = std::env::var("LEGO_RL_SPARSE_JUNIT_RUN").expect("run id");
-    let r = rt.block_on(run_case(&engine, &swe, &run, &c, mode == "unguarded"));
-    let grown = vm_hwm_kb().saturating_sub(before);
     let kinds: Vec<&str> = r.audit.iter().map(|a| a.kind.as_str()).collect();
     println!(
         "LEGO_CHILD reward={:?} infra={} kinds={} grown_kb={grown}",

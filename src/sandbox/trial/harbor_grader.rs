@@ -13,8 +13,8 @@
 //!   stands between), with its stdout and stderr in a log and the no-ptrace filter
 //!   ([`super::noptrace`]) when the image has `python3`;
 //! - the moment `test.sh` exits, root's shell kills every process of the verifier user (shell
-//!   builtins only: no fork between the exit and the kills), notes the time, and counts the
-//!   processes that outlived `test.sh` (`outlived_verifier`);
+//!   builtins only: no fork between the exit and the kills), stamps the time on a root-only file,
+//!   and counts the processes that outlived `test.sh` (`outlived_verifier`);
 //! - then, with nothing of that user alive, `reward_tampering` (reward 0) is any of: a reward file
 //!   the task's verifier does not write (the ones its tests directory names), a changed mode, a
 //!   non-regular file, a change after `test.sh` exited, a file over the size cap, an unparseable
@@ -41,6 +41,9 @@ use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
 use crate::sandbox::{ExecOutput, SandboxError, AGENT_USER};
 use crate::text::{sh_quote, tail_bytes};
+
+/// Root's directory of the mark stamped when `test.sh` exits.
+const MARK_DIR: &str = "/var/lib/lego-rl-harbor";
 
 /// The text of every file under `dir` (the task's tests directory: small).
 fn texts_under(dir: &Path) -> Vec<Vec<u8>> {
@@ -77,17 +80,21 @@ fn run_script(u: &str, wd: &str, env: &str, no_ptrace: bool) -> String {
     } else {
         run
     };
-    // The kills: every /proc entry whose real uid is the verifier's, with builtins only (`read`,
-    // `kill`), repeated until none is left (a process that forked meanwhile); `kill -1` as that
-    // user after, as a backstop.
+    // The moment test.sh exits: a root-only file is stamped (a builtin redirection: its ctime is
+    // the kernel's clock, the one the reward files' ctimes come from), then every live (not
+    // zombie) /proc entry whose real uid is the verifier's is killed with builtins only (`read`,
+    // `kill`), repeated until none is left (a process that forked meanwhile), each pid counted
+    // once; `kill -1` as that user after, as a backstop.
     format!(
-        "chmod -R a+rX /tests; U=$(id -u {u}); cd {wd}; {filtered}; rc=$?; T=$EPOCHREALTIME; n=0; \
-         for i in 1 2 3 4 5 6 7 8 9 10; do k=0; for p in /proc/[0-9]*; do \
-         while read -r a b _; do if [ \"$a\" = Uid: ]; then \
-         if [ \"$b\" = \"$U\" ] && kill -KILL \"${{p#/proc/}}\" 2>/dev/null; then k=$((k+1)); fi; break; fi; \
-         done 2>/dev/null <\"$p/status\"; done; n=$((n+k)); [ $k = 0 ] && break; done; \
+        "chmod -R a+rX /tests; U=$(id -u {u}); mkdir -m 700 -p {MARK_DIR}; cd {wd}; {filtered}; rc=$?; \
+         : > {MARK_DIR}/exited; n=0; seen=' '; \
+         for i in 1 2 3 4 5 6 7 8 9 10; do k=0; for p in /proc/[0-9]*; do z=; \
+         while read -r a b _; do case \"$a\" in State:) [ \"$b\" = Z ] && z=1;; \
+         Uid:) if [ -z \"$z\" ] && [ \"$b\" = \"$U\" ] && kill -KILL \"${{p#/proc/}}\" 2>/dev/null; then k=1; \
+         case \"$seen\" in *\" ${{p#/proc/}} \"*) ;; *) seen=\"$seen${{p#/proc/}} \"; n=$((n+1));; esac; fi; break;; esac; \
+         done 2>/dev/null <\"$p/status\"; done; [ $k = 0 ] && break; done; \
          setpriv --reuid={u} --regid={u} --init-groups -- bash -c 'kill -KILL -1' 2>/dev/null; \
-         echo \"LEGO_EXIT=$rc\"; echo \"LEGO_T=$T\"; echo \"LEGO_OUTLIVED=$n\"; \
+         echo \"LEGO_EXIT=$rc\"; echo \"LEGO_OUTLIVED=$n\"; stat -c 'LEGO_T=%.9Z' {MARK_DIR}/exited; \
          cd /logs/verifier && stat -c 'LEGO_STAT %n %a %U %F %.9Z' {} 2>/dev/null; true",
         REWARD_FILES.join(" ")
     )
@@ -248,7 +255,7 @@ impl Trial {
             tests_dir: dir,
             guarded,
         } = g;
-        if out.stdout.contains(noptrace::FAILED) {
+        if out.stdout.lines().any(|l| l.starts_with(noptrace::FAILED)) {
             return Err(stage_error(format!(
                 "the verifier's seccomp filter: {}",
                 tail_bytes(&out.stdout, 2000)
@@ -386,7 +393,10 @@ mod tests {
             s.contains("bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null; else"),
             "{s}"
         );
-        assert!(s.contains("rc=$?; T=$EPOCHREALTIME; n=0;"), "{s}");
+        assert!(
+            s.contains("rc=$?; : > /var/lib/lego-rl-harbor/exited; n=0;"),
+            "{s}"
+        );
         assert!(
             s.contains("stat -c 'LEGO_STAT %n %a %U %F %.9Z' reward.json reward.txt"),
             "{s}"

@@ -109,7 +109,7 @@ impl Trial {
                 self.limits.eval,
             )
             .await?;
-        if out.stdout.contains(noptrace::FAILED) {
+        if out.stdout.lines().any(|l| l.starts_with(noptrace::FAILED)) {
             return Err(stage_error(format!(
                 "the grading seccomp filter: {}",
                 tail_bytes(&out.stdout, 2000)
