@@ -296,6 +296,123 @@ fn check(c: &Case, r: &TrialResult) -> Result<(), String> {
     if reason != c.reason && !(daemon && reason.is_some_and(|r| late.contains(&r))) {
         return Err(format!("reason {reason:?}: {}", ctx()));
     }
+    let kinds: Vec<&str> = r
+        .audit
+        .iter()
+        .map(|a| a.kind.as_str())
+        .filter(|k| KINDS.contains(k))
+        .collect();
+    let extra = kinds
+        .iter()
+        .any(|k| !c.events.contains(k) && !(daemon && late.contains(k)));
+    if !c.events.iter().all(|w| kinds.contains(w)) || extra {
+        return Err(format!("events {kinds:?}, want {:?}: {}", c.events, ctx()));
+    }
+    Ok(())
+}
+
+/// Yama's `ptrace_scope` >= 1 (Ubuntu's default) already keeps a process from tracing its parent:
+/// there the ptrace trick cannot score even with the filter off.
+fn yama_blocks_tracing_the_parent() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .is_some_and(|n| n >= 1)
+}
+
+#[test]
+fn fourth_pass_tricks_score_without_their_defence_and_get_zero_with_it() {
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    images();
+    let swe = task(SWE);
+    let run = run_id("adversarial-fourth");
+    let only = std::env::var("LEGO_RL_ADVERSARIAL_ONLY").unwrap_or_default();
+    let pytest9 = pytest9_image(&images()[SWE].image);
+    let all: Vec<Case> = cases(&swe)
+        .into_iter()
+        .chain(pytest9_cases(&pytest9, &swe))
+        .filter(|c| only.is_empty() || only.split(',').any(|o| o == c.name))
+        .collect();
+    let yama = yama_blocks_tracing_the_parent();
+    let runs: Vec<(usize, bool)> = all
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| {
+            let twin = !c.off.is_empty() && !(yama && c.off == [Defence::NoPtrace]);
+            std::iter::once((i, false)).chain(twin.then_some((i, true)))
+        })
+        .collect();
+    if yama {
+        eprintln!("NOTE: Yama ptrace_scope >= 1 on this host: the ptrace trick's unguarded twin is not run");
+    }
+    let tasks: Vec<Task> = all.iter().map(|c| task(c.task)).collect();
+    let results: Vec<(usize, bool, TrialResult)> = rt.block_on(async {
+        futures::stream::iter(runs.iter().copied())
+            .map(|(i, unguarded)| {
+                let (engine, run, c, t) = (&engine, &run, &all[i], &tasks[i]);
+                async move { (i, unguarded, run_case(engine, t, run, c, unguarded).await) }
+            })
+            .buffer_unordered(2)
+            .collect()
+            .await
+    });
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(i, unguarded, r)| {
+            if *unguarded {
+                check_unguarded(&all[*i], r).err()
+            } else {
+                check(&all[*i], r).err()
+            }
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs failed:\n{}",
+        failures.len(),
+        runs.len(),
+        failures.join("\n")
+    );
+    rt.block_on(assert_no_leftovers(&engine, &run));
+}
+
+/// The environment variable that makes [`sparse_junit_child`] run (`guarded` or `unguarded`).
+const CHILD: &str = "LEGO_RL_SPARSE_JUNIT_CHILD";
+
+/// Peak resident memory of this process (kB).
+fn vm_hwm_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// One sparse-junit trial in a process of its own (run by
+/// [`a_sparse_junit_xml_never_reaches_the_host_memory`]): prints its reward, events and how much its
+/// peak memory grew during the trial.
+#[test]
+fn sparse_junit_child() {
+    let Ok(mode) = std::env::var(CHILD) else { return };
+    let rt = rt();
+    let Some(engine) = engine(&rt) else { return };
+    let swe = task(SWE);
+    let mut c = trick(
+        "junit-xml-a-512-mib-sparse-file",
+        in_module(SPARSE_JUNIT),
+        "result_tampering",
+        &[Defence::BoundedReads],
+        Scores::Reward,
+    );
+    c.eval_s = Some(120);
+    let before = vm_hwm_kb();
+    let run = std::env::var("LEGO_RL_SPARSE_JUNIT_RUN").expect("run id");
+    let r = rt.block_on(run_case(&engine, &swe, &run, &c, mode == "unguarded"));
+    let grown = vm_hwm_kb().saturating_sub(before);
     let kinds: Vec<&str> = r.audit.iter().map(|a| a.kind.as_str()).collect();
     println!(
         "LEGO_CHILD reward={:?} infra={} kinds={} grown_kb={grown}",
