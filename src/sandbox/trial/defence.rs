@@ -47,8 +47,8 @@ pub enum Defence {
     /// (`result_tampering`); off, any line counts.
     KeyedResults,
     /// Of [`Defence::ResultChannel`], pytest's exit status comes only from the plugin's `finish`,
-    /// and a shell that did not exit 0 with no `finish` written was killed (`grading_killed`);
-    /// off, the shell's exit code and exit line stand in for it.
+    /// and a grading script that did not exit 0 was killed (`grading_killed`) whatever exit line
+    /// it printed; off, the shell's exit code and exit line stand in for them.
     PluginFinish,
     /// The test user's grading commands run under a seccomp filter that denies `ptrace` and
     /// `process_vm_readv`/`process_vm_writev`.

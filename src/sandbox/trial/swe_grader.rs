@@ -131,15 +131,15 @@ impl Trial {
             // The test patch applied at the base commit (the task was checked): if it no longer
             // does, the diff put something in its way; if the script died before its last line,
             // code of the diff killed it. The last line is the shell's, which code under test can
-            // print itself (into the shell's stdout, through a copy of its descriptor or by
-            // tracing it) before killing it: so a shell that did not exit 0 is also killed when the plugin never
-            // wrote its (keyed) finish.
-            let no_finish = stream.as_ref().is_some_and(|s| s.exit_status.is_none());
+            // print itself (into the shell's stdout by tracing it) before killing it, so the line
+            // proves nothing: the script's last command is that `echo`, so a script that did not
+            // exit 0 was killed whatever it printed, and pytest's exit status comes from the
+            // plugin's keyed `finish` alone (missing when pytest was killed too; present when
+            // pytest, as the killed shell's tracer, held its death back until it finished).
+            let killed = matches!(out.exit_code, Some(c) if c != 0) && self.defended(Defence::PluginFinish);
             let kind = if out.stdout.contains("LEGO_TEST_PATCH_FAILED") {
                 Some("test_patch_conflict")
-            } else if marker(&out.stdout, "LEGO_EXIT=").is_none()
-                || (no_finish && out.exit_code != Some(0) && self.defended(Defence::PluginFinish))
-            {
+            } else if marker(&out.stdout, "LEGO_EXIT=").is_none() || killed {
                 Some("grading_killed")
             } else {
                 None
