@@ -14,7 +14,8 @@
 //!   ([`super::noptrace`]) when the image has `python3`;
 //! - the moment `test.sh` exits, root's shell kills every process of the verifier user (shell
 //!   builtins only: no fork between the exit and the kills), stamps the time on a root-only file,
-//!   and counts the processes that outlived `test.sh` (`outlived_verifier`);
+//!   reads the reward files (builtins) to compare them once the kills are done, and counts the
+//!   processes that outlived `test.sh` (`outlived_verifier`);
 //! - then, with nothing of that user alive, `reward_tampering` (reward 0) is any of: a reward file
 //!   the task's verifier does not write (the ones its tests directory names), a changed mode, a
 //!   non-regular file, a change after `test.sh` exited, a file over the size cap, an unparseable
@@ -41,6 +42,10 @@ use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
 use crate::sandbox::{ExecOutput, SandboxError, AGENT_USER};
 use crate::text::{sh_quote, tail_bytes};
+
+/// Printed when a reward file's content changed between `test.sh`'s exit (read at once, with
+/// builtins) and the end of the kills.
+const CHANGED: &str = "LEGO_CHANGED_AFTER_EXIT";
 
 /// Root's directory of the mark stamped when `test.sh` exits.
 const MARK_DIR: &str = "/var/lib/lego-rl-harbor";
@@ -87,13 +92,16 @@ fn run_script(u: &str, wd: &str, env: &str, no_ptrace: bool) -> String {
     // once; `kill -1` as that user after, as a backstop.
     format!(
         "chmod -R a+rX /tests; U=$(id -u {u}); mkdir -m 700 -p {MARK_DIR}; cd {wd}; {filtered}; rc=$?; \
-         : > {MARK_DIR}/exited; n=0; seen=' '; \
+         : > {MARK_DIR}/exited; IFS= read -r -d '' -N 4096 s1 </logs/verifier/reward.json; \
+         IFS= read -r -d '' -N 4096 s2 </logs/verifier/reward.txt; n=0; seen=' '; \
          for i in 1 2 3 4 5 6 7 8 9 10; do k=0; for p in /proc/[0-9]*; do z=; \
          while read -r a b _; do case \"$a\" in State:) [ \"$b\" = Z ] && z=1;; \
          Uid:) if [ -z \"$z\" ] && [ \"$b\" = \"$U\" ] && kill -KILL \"${{p#/proc/}}\" 2>/dev/null; then k=1; \
          case \"$seen\" in *\" ${{p#/proc/}} \"*) ;; *) seen=\"$seen${{p#/proc/}} \"; n=$((n+1));; esac; fi; break;; esac; \
          done 2>/dev/null <\"$p/status\"; done; [ $k = 0 ] && break; done; \
          setpriv --reuid={u} --regid={u} --init-groups -- bash -c 'kill -KILL -1' 2>/dev/null; \
+         IFS= read -r -d '' -N 4096 t1 </logs/verifier/reward.json; IFS= read -r -d '' -N 4096 t2 </logs/verifier/reward.txt; \
+         if [ \"$s1\" != \"$t1\" ] || [ \"$s2\" != \"$t2\" ]; then echo {CHANGED}; fi; \
          echo \"LEGO_EXIT=$rc\"; echo \"LEGO_OUTLIVED=$n\"; stat -c 'LEGO_T=%.9Z' {MARK_DIR}/exited; \
          cd /logs/verifier && stat -c 'LEGO_STAT %n %a %U %F %.9Z' {} 2>/dev/null; true",
         REWARD_FILES.join(" ")
@@ -293,7 +301,9 @@ impl Trial {
             let exited = marker(&out.stdout, "LEGO_T=").and_then(|t| t.trim().parse().ok());
             let stats = grade::harbor::parse_stats(&out.stdout);
             let expected = grade::harbor::expected_files(texts_under(dir).iter().map(Vec::as_slice));
+            let changed = out.stdout.lines().any(|l| l == CHANGED);
             match grade::harbor::tampering(&stats, &expected, exited) {
+                _ if changed => Err("a reward file changed after test.sh exited".to_string()),
                 Some(why) => Err(why),
                 None => self.read_rewards(id).await?,
             }
