@@ -404,7 +404,7 @@ mod tests {
             "{s}"
         );
         assert!(
-            s.contains("rc=$?; : > /var/lib/lego-rl-harbor/exited; n=0;"),
+            s.contains("rc=$?; : > /var/lib/lego-rl-harbor/exited;"),
             "{s}"
         );
         assert!(
