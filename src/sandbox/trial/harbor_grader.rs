@@ -403,10 +403,7 @@ mod tests {
             s.contains("bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null; else"),
             "{s}"
         );
-        assert!(
-            s.contains("rc=$?; : > /var/lib/lego-rl-harbor/exited;"),
-            "{s}"
-        );
+        assert!(s.contains("rc=$?; : > /var/lib/lego-rl-harbor/exited;"), "{s}");
         assert!(
             s.contains("stat -c 'LEGO_STAT %n %a %U %F %.9Z' reward.json reward.txt"),
             "{s}"
