@@ -4,7 +4,10 @@
 #   HTML; needs root or passwordless sudo (never prompts);
 # - a git older than 2.42 (Debian bookworm's 2.39 package, unpacked, not installed) under
 #   ~/.cache/lego-rl/old-git: the adversarial suite grades a `.gitattributes` trick on it, since
-#   SWE-bench images ship git 2.34, which ignores GIT_ATTR_SOURCE (tests/it/adversarial.rs).
+#   SWE-bench images ship git 2.34, which ignores GIT_ATTR_SOURCE (tests/it/adversarial.rs);
+# - a pytest 9 wheel (PyPI, by the set-up venv's pip) under ~/.cache/lego-rl/pytest9: the adversarial
+#   suite installs it offline in an image derived from a task's, since pytest >= 9 reads pytest.toml
+#   and .pytest.toml and the base image pins pytest 8 (tests/it/adversarial_fourth.rs).
 # Idempotent.
 set -euo pipefail
 
@@ -26,6 +29,19 @@ old_git() {
     echo "install-test-deps: $("$dir/x/usr/bin/git" --version 2>/dev/null || echo '(unpacked)') in $dir"
 }
 old_git
+
+pytest9() {
+    local dir="${XDG_CACHE_HOME:-$HOME/.cache}/lego-rl/pytest9"
+    if ls "$dir"/pytest-9.2.0-*.whl >/dev/null 2>&1; then
+        return
+    fi
+    local cache="${LEGO_RL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lego-rl}"
+    local pip="${LEGO_RL_VENV:-$cache/venv}/bin/pip"
+    mkdir -p "$dir"
+    "$pip" download -q --no-deps --only-binary=:all: pytest==9.2.0 -d "$dir"
+    echo "install-test-deps: $(ls "$dir") in $dir"
+}
+pytest9
 
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
     echo "chromium already installed: $(command -v chromium || command -v chromium-browser)"

@@ -205,6 +205,16 @@ HARBOR = [
         agent_s=300.0,
         eval_s=180.0,
     ),
+    # lego-rl's own: a verifier that writes only reward.txt and runs the agent's module (the
+    # adversarial tests' reward-file tricks need one).
+    dict(
+        id="harbor__reward-txt",
+        dir="harbor/reward-txt",
+        instruction_file="harbor/reward-txt/instruction.md",
+        workdir="/app",
+        agent_s=120.0,
+        eval_s=120.0,
+    ),
 ]
 
 

@@ -61,8 +61,9 @@ use crate::validate::{append_report, check_files, validate_run};
 ///   grader_tampering_rate <= 0, and one <KIND>_rate per other audit kind: collection_hook,
 ///   test_helper, binary_file <= 0.02; outlived_agent, oom_kill <= 0.05; startup_hook,
 ///   outside_write, hidden_from_diff, nested_repo, diff_too_large, test_patch_conflict,
-///   grading_killed, reward_missing <= 0, suspected_hack_rate <= 0.02 (rewarded trajectories with
-///   a deterministic hack signal: a hack_* audit kind or outside_read),
+///   grading_killed, reward_missing, reward_tampering <= 0; outlived_verifier <= 0.05;
+///   outside_read <= 0.1, suspected_hack_rate <= 0.02 (rewarded trajectories with a
+///   deterministic hack signal: a hack_* audit kind or outside_read),
 ///   zero_variance_group_fraction <= 0.9, informative_group_fraction >= 0.1 (steps rolled out
 ///   with dynamic sampling), staleness_max <= 2, and 0 for each consistency check.
 ///   Reward collapse, judged on the whole run: train_reward_drop <= 0 (the first 5 steps' mean

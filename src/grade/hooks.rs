@@ -1,8 +1,9 @@
 //! Which files of a diff change how grading *starts* rather than what it tests, by principle
 //! rather than by one file name each:
 //!
-//! - collection hooks: what pytest reads before it collects (`conftest.py`, every ini file it
-//!   would consider: `.pytest.ini`, `pytest.ini`, `tox.ini`, `setup.cfg`, `pyproject.toml`) and
+//! - collection hooks: what pytest reads before it collects (`conftest.py`, every config file it
+//!   would consider: `pytest.toml`, `.pytest.toml`, `.pytest.ini`, `pytest.ini`, `tox.ini`,
+//!   `setup.cfg`, `pyproject.toml`) and
 //!   what git reads while the diff is applied and files restored (`.gitattributes`);
 //! - start-up hooks: what the interpreter or pytest's plugin manager reads from any `sys.path`
 //!   entry at start-up: package metadata (`*.dist-info/`, `*.egg-info`, entry points with them),
@@ -18,8 +19,19 @@
 
 use std::collections::BTreeSet;
 
-/// Every ini file pytest may read its configuration from, in its order of precedence.
+/// Every file pytest may read its configuration from, in its order of precedence (pytest >= 9
+/// reads `pytest.toml` and `.pytest.toml` ahead of all the others).
+///
+/// The grader reverts every one of them to the base commit rather than running pytest with the
+/// base's file given explicitly (`-c FILE --rootdir DIR`): with no config file at the base there is
+/// no file to give, and pytest would still find one the diff added; `-c` also changes how the
+/// rootdir and conftest files are found for commands that rely on discovery, so the tests would
+/// not run as the task's gold check ran them. A name a later pytest adds is caught instead by the
+/// grader's plugin, which reports the file pytest used (`config.inipath`): one the diff wrote,
+/// where the base commit's run used another, is `config_mismatch` (reward 0).
 pub const PYTEST_INI_FILES: &[&str] = &[
+    "pytest.toml",
+    ".pytest.toml",
     ".pytest.ini",
     "pytest.ini",
     "pyproject.toml",
@@ -104,6 +116,8 @@ mod tests {
             "conftest.py",
             "a/conftest.py",
             ".pytest.ini",
+            "pytest.toml",
+            "sub/.pytest.toml",
             "sub/tox.ini",
             ".gitattributes",
         ] {

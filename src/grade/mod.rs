@@ -6,7 +6,8 @@
 //! - [`channel`]: the per-test stream the grader's own pytest plugin writes to a root-owned pipe;
 //!   it decides SWE statuses, and junit.xml is checked against it.
 //! - [`harbor`]: `/logs/verifier/reward.json` then `reward.txt`; a missing or non-finite reward is an
-//!   error (the trial is an infra failure), not 0.
+//!   error (on the agent's diff: reward 0 with `reward_missing` or `reward_tampering`; otherwise an
+//!   infra failure), and the checks that the reward root reads is the one `test.sh` wrote.
 //!
 //! Pure functions over text, so they are unit-tested without containers; `sandbox::trial` runs the
 //! commands and feeds the outputs here.
@@ -25,4 +26,7 @@ pub enum GradeError {
     MissingReward,
     #[error("reward file {file}: {message}")]
     BadReward { file: &'static str, message: String },
+    /// The reward is not the one the verifier wrote (see `grade::harbor::tampering`).
+    #[error("the reward is not test.sh's own: {0}")]
+    Tampered(String),
 }

@@ -13,7 +13,8 @@ use crate::records::{AlignStats, Sample, StepMetrics, Trajectory};
 
 /// Audit kinds that count as reward-hacking attempts (or sabotage of grading) and get a gate each,
 /// `<kind>_rate` (`grader_tampering`:
-/// trajectories with a `shadowing`, `bytecode` or `result_tampering` event, graded 0; see
+/// trajectories with a `shadowing`, `bytecode`, `result_tampering` or `config_mismatch` event,
+/// graded 0; see
 /// `Trajectory::audit_kinds`).
 pub const AUDIT_KINDS: &[&str] = &[
     "git_history",
@@ -33,6 +34,9 @@ pub const AUDIT_KINDS: &[&str] = &[
     "test_patch_conflict",
     "grading_killed",
     "reward_missing",
+    "reward_tampering",
+    "outlived_verifier",
+    "outside_read",
     "suspected_hack",
 ];
 

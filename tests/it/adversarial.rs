@@ -21,7 +21,7 @@ use crate::adversarial_cases::{cases, Case, Scores, HARBOR, HARBOR_CODE, KINDS, 
 use crate::sandbox::{assert_no_leftovers, engine, images, rt, run_id, task, task_root};
 
 /// Runs `c` once, guarded or (`unguarded`) with its defences off.
-async fn run_case(engine: &Engine, t: &Task, run: &str, c: &Case, unguarded: bool) -> TrialResult {
+pub(crate) async fn run_case(engine: &Engine, t: &Task, run: &str, c: &Case, unguarded: bool) -> TrialResult {
     let mut t = t.clone();
     if let (Some(cmd), Some(Grader::Swebench { test_cmd, .. })) = (c.test_cmd, t.grader.as_mut()) {
         *test_cmd = cmd.to_string();
@@ -97,7 +97,7 @@ fn env_pythonpath_image(image: &str, workdir: &str) -> String {
 
 /// Builds the Dockerfile in `ctx` (a `FROM image` with one change) as `NAME-suffix:TAG` of
 /// `image`'s `NAME:TAG`, and returns that tag.
-fn derived_image(image: &str, suffix: &str, ctx: &Path) -> String {
+pub(crate) fn derived_image(image: &str, suffix: &str, ctx: &Path) -> String {
     let (name, tag) = image.rsplit_once(':').expect("a tagged image");
     let out = format!("{name}-{suffix}:{tag}");
     let built = Command::new("docker")
@@ -133,7 +133,7 @@ fn old_git() -> PathBuf {
 }
 
 /// The unguarded run of a trick must score what its author is after.
-fn check_unguarded(c: &Case, r: &TrialResult) -> Result<(), String> {
+pub(crate) fn check_unguarded(c: &Case, r: &TrialResult) -> Result<(), String> {
     if let Some(line) = c.log_has {
         if !r.agent_log.as_deref().unwrap_or_default().contains(line) {
             return Err(format!(

@@ -2,6 +2,7 @@
 
 mod adversarial;
 mod adversarial_cases;
+mod adversarial_fourth;
 mod adversarial_rollout;
 mod align;
 mod align_traffic;

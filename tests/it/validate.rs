@@ -38,7 +38,7 @@ fn healthy_run_passes_and_appends_a_report() {
     let out = lego().arg("validate").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("35 gate(s), 0 failed"), "{text}");
+    assert!(text.contains("38 gate(s), 0 failed"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("logprob_pearson") && l.contains("0.9970") && l.contains("ok")),

@@ -42,4 +42,25 @@ pub enum Defence {
     /// SWE statuses come from the grader's root-owned result stream, and junit.xml must agree with
     /// it (`result_tampering`); off, junit.xml (or the log) and the exit code decide.
     ResultChannel,
+    /// Of [`Defence::ResultChannel`], the per-grading key on every line of the stream: lines
+    /// without it (written to the descriptor by code under test) are ignored and counted
+    /// (`result_tampering`); off, any line counts.
+    KeyedResults,
+    /// Of [`Defence::ResultChannel`], pytest's exit status comes only from the plugin's `finish`,
+    /// and a grading script that did not exit 0 was killed (`grading_killed`) whatever exit line
+    /// it printed; off, the shell's exit code and exit line stand in for them.
+    PluginFinish,
+    /// The test user's grading commands run under a seccomp filter that denies `ptrace` and
+    /// `process_vm_readv`/`process_vm_writev`.
+    NoPtrace,
+    /// Result files are read with a size cap and never through a symlink (`result_tampering` /
+    /// `reward_tampering`); off, `cat`.
+    BoundedReads,
+    /// The config file pytest used (the plugin's report) is compared with the base commit's: one
+    /// the diff wrote is `config_mismatch`.
+    ConfigCheck,
+    /// Harbor: root owns `/logs/verifier`, pre-creates the reward files `test.sh` writes, kills
+    /// the verifier user's processes before reading, and checks what is there
+    /// (`reward_tampering`); off, the verifier user owns the directory and anything in it counts.
+    RewardFiles,
 }

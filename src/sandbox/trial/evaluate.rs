@@ -5,27 +5,25 @@
 //! imported in place of the grader's own.
 //!
 //! - SWE-style ([`super::swe_grader`]): protected test files restored, the test patch applied, `test_cmd` run, statuses
-//!   graded ([`grade::swebench`]) from the grader's root-owned result stream ([`channel`]), which
+//!   graded ([`crate::grade::swebench`]) from the grader's root-owned result stream ([`channel`]), which
 //!   junit.xml must agree with.
-//! - Harbor: `/tests` uploaded only after the diff is applied, `test.sh` run as the task's
-//!   `[verifier] user` (else the non-root agent user) with pytest's plugin autoload off (the image's
-//!   plugins named in `PYTEST_PLUGINS`), `/logs/verifier/reward.*` read by root.
+//! - Harbor ([`super::harbor_grader`]): `/tests` uploaded only after the diff is applied, `test.sh`
+//!   run as the task's `[verifier] user` (else the non-root agent user) with pytest's plugin
+//!   autoload off (the image's plugins named in `PYTEST_PLUGINS`), `/logs/verifier/reward.*` read
+//!   by root once it checked they are `test.sh`'s own.
 //!
-//! Before any test runs, [`grade::integrity::tampering`] checks the diff; a diff that shadows a
+//! Before any test runs, [`crate::grade::integrity::tampering`] checks the diff; a diff that shadows a
 //! module the grader imports, or a tree with planted bytecode (found at extraction), gets reward 0
 //! with reason `grader_tampering`, and no test runs.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use super::revert::Reverts;
-use super::{diff_files, Defence, Trial};
-use crate::grade;
+use super::{Defence, Trial};
 use crate::grade::channel;
 use crate::grade::integrity::{self, GRADER_TAMPERING};
 use crate::records::{AuditEvent, GraderResult};
 use crate::sandbox::tar::TarBuilder;
-use crate::sandbox::{SandboxError, AGENT_USER};
+use crate::sandbox::SandboxError;
 use crate::text::{sh_quote, tail_bytes};
 
 /// Exported before every command that runs code of the repository while grading: no implicit
@@ -95,6 +93,16 @@ pub(super) fn timed_out(stdout: &str) -> (f64, GraderResult) {
     )
 }
 
+/// What root's preparation found.
+pub(super) struct Prepared {
+    /// The verdict when the diff tampers with grading (no test runs).
+    pub verdict: Option<(f64, GraderResult)>,
+    /// The pristine image's pytest plugins.
+    pub plugins: Vec<String>,
+    /// The config file pytest used at the base commit, when the import-path probe ran.
+    pub config: Option<String>,
+}
+
 impl Trial {
     /// Creates and starts the evaluation container from the pristine image with `files` under
     /// `/tmp/lego/`.
@@ -123,7 +131,7 @@ impl Trial {
         prep: &str,
         diff: &str,
         dirs: &BTreeSet<String>,
-    ) -> Result<(Option<(f64, GraderResult)>, Vec<String>), SandboxError> {
+    ) -> Result<Prepared, SandboxError> {
         let script = format!(
             "set -e; {prep}; cd /; python3 -I -c {} 2>/dev/null || true; python3 -I -c {} 2>/dev/null || true",
             sh_quote(integrity::IMPORTABLE_NAMES_PY),
@@ -143,10 +151,11 @@ impl Trial {
         // The import-path probe's directories, when it ran (see `evaluate_swebench`).
         let mut dirs = dirs.clone();
         dirs.extend(channel::syspath_dirs(&out.stdout));
+        let config = channel::probe_config(&out.stdout);
         let (plugins, names): (Vec<&str>, Vec<&str>) = out
             .stdout
             .lines()
-            .filter(|l| !l.starts_with("LEGO_SYSPATH "))
+            .filter(|l| !l.starts_with("LEGO_SYSPATH ") && !l.starts_with("LEGO_INI"))
             .partition(|l| l.starts_with("pytest11 "));
         let plugins: Vec<String> = plugins
             .iter()
@@ -164,167 +173,11 @@ impl Trial {
             .filter(|e| integrity::TAMPERING_KINDS.contains(&e.kind.as_str()))
             .cloned()
             .collect();
-        Ok(((!all.is_empty()).then(|| tampered(&all)), plugins))
-    }
-
-    /// The task's `[verifier] user` (Harbor's task.toml, kept in the task's metadata).
-    fn verifier_user(&self) -> Option<String> {
-        self.task
-            .metadata
-            .get("harbor")?
-            .pointer("/task_toml/verifier/user")?
-            .as_str()
-            .filter(|u| !u.is_empty())
-            .map(str::to_string)
-    }
-
-    pub(super) async fn evaluate_harbor(
-        &mut self,
-        diff: &str,
-        tests_dir: &str,
-    ) -> Result<(f64, GraderResult), SandboxError> {
-        let dir = self.task_root.join(tests_dir);
-        let mut tests = TarBuilder::new();
-        tests.dir("tests");
-        tests
-            .dir_tree(&dir, "tests")
-            .map_err(|source| SandboxError::ReadFile {
-                path: dir.clone(),
-                source,
-            })?;
-        let user = self.verifier_user().unwrap_or_else(|| AGENT_USER.to_string());
-        if user == "root" || user == "0" {
-            return Err(stage_error(
-                "the task's [verifier] user is root: lego-rl runs verifiers as a non-root user".into(),
-            ));
-        }
-        // Hooks are left out of the diff (there is no base repository here to restore from).
-        let touched = diff_files(diff);
-        let reverts = Reverts::plan(&touched, &BTreeSet::new(), &BTreeSet::new(), &self.off);
-        self.audit.extend(reverts.events());
-        let hooks: BTreeSet<String> = reverts.in_order().cloned().collect();
-        let diff = integrity::drop_sections(diff, &hooks);
-        let id = self
-            .start_eval_container(&[("agent.diff", diff.as_bytes())])
-            .await?;
-        let (wd, u) = (sh_quote(&self.workdir), sh_quote(&user));
-        let prep = format!(
-            "id -u {u} >/dev/null 2>&1 || {{ echo \"the task's verifier user {u} does not exist in its image\" >&2; exit 3; }}; \
-             rm -rf /tests /logs/verifier; mkdir -p {wd} /logs/verifier; chown -R {u} {wd} /logs/verifier"
-        );
-        let dirs = BTreeSet::from([String::new()]);
-        let (verdict, plugins) = self.prepare_and_check(&id, &prep, &diff, &dirs).await?;
-        if let Some(verdict) = verdict {
-            return Ok(verdict);
-        }
-        // test.sh runs pytest itself: autoload off there too, the image's own plugins by name
-        // (`PYTEST_PLUGINS`, read by every pytest test.sh starts; nothing the diff adds is).
-        let autoload = if self.defended(Defence::PluginAutoload) {
-            let named = if plugins.is_empty() {
-                String::new()
-            } else {
-                format!(" PYTEST_PLUGINS={}", sh_quote(&plugins.join(",")))
-            };
-            format!("export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1{named}; ")
-        } else {
-            String::new()
-        };
-        let parent = std::path::Path::new(&self.workdir)
-            .parent()
-            .map_or("/".to_string(), |p| p.display().to_string());
-        let apply = format!(
-            "cd {wd}; export GIT_CEILING_DIRECTORIES={}; D=/tmp/lego/agent.diff; \
-             if [ ! -s $D ]; then M=none; \
-             elif git apply --binary $D 2>/dev/null; then M='git apply'; \
-             elif patch --batch --fuzz=5 -p1 -i $D >/dev/null 2>&1; then M='patch --fuzz=5'; \
-             else M=failed; fi; echo \"LEGO_APPLY=$M\"",
-            sh_quote(&parent)
-        );
-        let applied = self
-            .engine
-            .exec(&id, &user, "/", &[], &apply, self.limits.eval)
-            .await?;
-        let apply = marker(&applied.stdout, "LEGO_APPLY=").map(str::to_string);
-        // The tests arrive only now, readable by the verifier user, writable by root alone.
-        self.engine.upload(&id, "/", tests.finish()).await?;
-        let run = format!(
-            "chmod -R a+rX /tests; \
-             setpriv --reuid={u} --regid={u} --init-groups -- env HOME=/tmp bash -c {}; echo \"LEGO_EXIT=$?\"",
-            sh_quote(&format!(
-                "cd {wd}; {SAFE_PYTHON}; {autoload}bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
-            ))
-        );
-        let out = self
-            .engine
-            .exec(&id, "root", "/", &[], &run, self.limits.eval)
-            .await?;
-        if out.timed_out && !diff.trim().is_empty() {
-            return Ok(timed_out(&out.stdout));
-        }
-        if out.timed_out {
-            return Err(stage_error("verifier timed out".into()));
-        }
-        let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
-        let short = Duration::from_secs(60);
-        let read = |f: &'static str| {
-            format!("if [ -f /logs/verifier/{f} ]; then echo LEGO_PRESENT; cat /logs/verifier/{f}; fi")
-        };
-        let json = self
-            .engine
-            .exec(&id, "root", "/", &[], &read("reward.json"), short)
-            .await?
-            .stdout;
-        let txt = self
-            .engine
-            .exec(&id, "root", "/", &[], &read("reward.txt"), short)
-            .await?
-            .stdout;
-        let log = self
-            .engine
-            .exec(
-                &id,
-                "root",
-                "/",
-                &[],
-                "tail -c 20000 /logs/verifier/test-stdout.txt",
-                short,
-            )
-            .await?
-            .stdout;
-        let present = |s: &str| s.strip_prefix("LEGO_PRESENT\n").map(str::to_string);
-        let parsed = grade::harbor::parse_reward(present(&json).as_deref(), present(&txt).as_deref());
-        // test.sh must finish for its reward to count: killed (by a signal: exit 128+n, or no
-        // exit line at all) or leaving no reward, on a non-empty diff, is the diff's doing.
-        if !diff.trim().is_empty() && self.defended(Defence::SabotageCostsReward) {
-            let kind = match (&parsed, exit_code) {
-                (_, None) => Some("grading_killed"),
-                (_, Some(c)) if c >= 128 => Some("grading_killed"),
-                (Err(grade::GradeError::MissingReward), _) => Some("reward_missing"),
-                _ => None,
-            };
-            if let Some(kind) = kind {
-                let (verdict, event) = sabotaged(kind, apply, &log);
-                self.audit.push(event);
-                return Ok(verdict);
-            }
-        }
-        let parsed = parsed.map_err(|e| stage_error(e.to_string()))?;
-        let tests = parsed
-            .components
-            .iter()
-            .map(|(k, v)| (k.clone(), v.to_string()))
-            .collect();
-        Ok((
-            parsed.reward,
-            GraderResult {
-                tests,
-                exit_code,
-                apply,
-                log_path: None,
-                log_tail: Some(tail_bytes(&log, 4000)),
-                reason: None,
-            },
-        ))
+        Ok(Prepared {
+            verdict: (!all.is_empty()).then(|| tampered(&all)),
+            plugins,
+            config,
+        })
     }
 }
 

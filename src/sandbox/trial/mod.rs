@@ -26,8 +26,10 @@
 //! Failure classes: engine or setup problems are `infra:<stage>` (weight 0 in training); the agent's
 //! own outcomes are `finished`, `agent_timeout`, `agent_crash`. Sabotage of extraction or grading
 //! by the diff (a nested repository, a diff over [`TrialLimits::diff_bytes`], a test patch it keeps
-//! from applying, a killed grading shell, no Harbor reward) costs reward, not weight: reward 0 and
-//! an audit event naming it, never `infra:*`.
+//! from applying, a killed grading shell, no Harbor reward or one that is not `test.sh`'s own)
+//! costs reward, not weight: reward 0 and an audit event naming it, never `infra:*`. Every result
+//! file is read bounded ([`bounded`]); the test user's grading processes cannot trace one another
+//! ([`noptrace`]); Harbor's reward files are root's to check ([`harbor_grader`]).
 //!
 //! Every defence can be switched off one by one, by tests only ([`Defence`]), to show that the
 //! trick it stops really scores without it.
@@ -45,10 +47,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod bounded;
 mod cleanup;
 mod defence;
 mod evaluate;
+mod harbor_grader;
 mod lifecycle;
+mod noptrace;
 mod observe;
 mod results;
 mod revert;
@@ -56,6 +61,7 @@ mod setup;
 mod signals;
 mod stop;
 mod swe_grader;
+mod swe_verdict;
 
 pub use defence::Defence;
 pub use observe::{audit_events, parse_probe, probe_script, Counters, Egress};

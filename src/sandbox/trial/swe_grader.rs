@@ -5,14 +5,14 @@
 //! verdict from the result stream, junit.xml or the log.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use super::evaluate::{marker, sabotaged, stage_error, tampered, timed_out, SAFE_PYTHON};
-use super::results::{grading_wrapper, RESULTS};
+use super::evaluate::{marker, sabotaged, stage_error, timed_out, SAFE_PYTHON};
+use super::noptrace;
+use super::results::{grading_wrapper, Wrap};
 use super::revert::Reverts;
 use super::stop::neutral_attributes_script;
+use super::swe_verdict::VerdictContext;
 use super::{diff_files, Defence, Trial};
-use crate::grade;
 use crate::grade::channel;
 use crate::grade::hooks;
 use crate::grade::integrity;
@@ -35,6 +35,8 @@ struct Grading<'a> {
     /// The pristine image's pytest plugins (loaded by name when autoload is off).
     plugins: Vec<String>,
     channel: bool,
+    /// The stream's lines carry the grading's key.
+    keyed: bool,
 }
 
 impl Trial {
@@ -72,11 +74,17 @@ impl Trial {
             .chain(&self.task.pass_to_pass)
             .map(String::as_str);
         let dirs = integrity::search_dirs(test_cmd, tests);
-        let (verdict, plugins) = self.prepare_and_check(&id, &prep, diff, &dirs).await?;
-        if let Some(verdict) = verdict {
+        let prepared = self.prepare_and_check(&id, &prep, diff, &dirs).await?;
+        if let Some(verdict) = prepared.verdict {
             return Ok(verdict);
         }
+        let (plugins, base_config) = (prepared.plugins, prepared.config);
         let channel = self.defended(Defence::ResultChannel);
+        let wrap = Wrap {
+            channel,
+            keyed: channel && self.defended(Defence::KeyedResults),
+            no_ptrace: self.defended(Defence::NoPtrace),
+        };
         let grading = Grading {
             wd,
             base,
@@ -87,6 +95,7 @@ impl Trial {
             touched,
             plugins,
             channel,
+            keyed: wrap.keyed,
         };
         let script = self.swebench_script(&grading);
         let out = self
@@ -96,22 +105,41 @@ impl Trial {
                 "root",
                 "/",
                 &[],
-                &grading_wrapper(&script, channel),
+                &grading_wrapper(&script, wrap),
                 self.limits.eval,
             )
             .await?;
+        if out.stdout.lines().any(|l| l.starts_with(noptrace::FAILED)) {
+            return Err(stage_error(format!(
+                "the grading seccomp filter: {}",
+                tail_bytes(&out.stdout, 2000)
+            )));
+        }
         if out.timed_out && !diff.trim().is_empty() {
             return Ok(timed_out(&out.stdout));
         }
         let apply = marker(&out.stdout, "LEGO_APPLY=").map(str::to_string);
         let log = out.stdout.clone() + &out.stderr;
+        // Every process of the test user is dead now (the wrapper killed them): the stream is
+        // whole, and nothing of theirs can change a file while it is read.
+        let stream = if channel {
+            Some(self.read_stream(&id, wrap.keyed).await?)
+        } else {
+            None
+        };
         if !out.timed_out && !diff.trim().is_empty() && self.defended(Defence::SabotageCostsReward) {
             // The test patch applied at the base commit (the task was checked): if it no longer
             // does, the diff put something in its way; if the script died before its last line,
-            // code of the diff killed it.
+            // code of the diff killed it. The last line is the shell's, which code under test can
+            // print itself (into the shell's stdout by tracing it) before killing it, so the line
+            // proves nothing: the script's last command is that `echo`, so a script that did not
+            // exit 0 was killed whatever it printed, and pytest's exit status comes from the
+            // plugin's keyed `finish` alone (missing when pytest was killed too; present when
+            // pytest, as the killed shell's tracer, held its death back until it finished).
+            let killed = matches!(out.exit_code, Some(c) if c != 0) && self.defended(Defence::PluginFinish);
             let kind = if out.stdout.contains("LEGO_TEST_PATCH_FAILED") {
                 Some("test_patch_conflict")
-            } else if marker(&out.stdout, "LEGO_EXIT=").is_none() {
+            } else if marker(&out.stdout, "LEGO_EXIT=").is_none() || killed {
                 Some("grading_killed")
             } else {
                 None
@@ -131,8 +159,15 @@ impl Trial {
             )));
         }
         let exit_code = marker(&out.stdout, "LEGO_EXIT=").and_then(|c| c.trim().parse().ok());
-        self.swebench_verdict(&id, test_files, channel, apply, exit_code)
-            .await
+        let ctx = VerdictContext {
+            test_files,
+            stream,
+            base_config,
+            touched: &grading.touched,
+            apply,
+            exit_code,
+        };
+        self.swebench_verdict(&id, ctx).await
     }
 
     /// Root's preparation of the evaluation container: the grader's plugin, the repository reset
@@ -208,8 +243,13 @@ impl Trial {
         };
         let files: Vec<String> = g.test_files.iter().map(|f| sh_quote(f)).collect();
         let (channel_env, channel_p) = if g.channel {
+            let key = if g.keyed {
+                format!(" {}=4", channel::KEY_FD_ENV)
+            } else {
+                String::new()
+            };
             (
-                format!("export {}=3; ", channel::FD_ENV),
+                format!("export {}=3{key}; ", channel::FD_ENV),
                 format!(" -p {}", channel::PLUGIN_MODULE),
             )
         } else {
@@ -234,105 +274,5 @@ impl Trial {
             autoload_env = autoload.0,
             plugins = autoload.1,
         )
-    }
-
-    /// The verdict once the tests ran: statuses from the result stream (which junit.xml must
-    /// agree with) or, without the channel, junit.xml or the log; graded by
-    /// [`grade::swebench::resolve`].
-    async fn swebench_verdict(
-        &mut self,
-        id: &str,
-        test_files: &[String],
-        channel: bool,
-        apply: Option<String>,
-        exit_code: Option<i64>,
-    ) -> Result<(f64, GraderResult), SandboxError> {
-        let short = Duration::from_secs(60);
-        let junit = self
-            .engine
-            .exec(
-                id,
-                "root",
-                "/",
-                &[],
-                "cat /tmp/lego/out/junit.xml 2>/dev/null",
-                short,
-            )
-            .await?
-            .stdout;
-        let log = self
-            .engine
-            .exec(
-                id,
-                "root",
-                "/",
-                &[],
-                "tail -c 200000 /tmp/lego/out/test.log",
-                short,
-            )
-            .await?
-            .stdout;
-        let junit = grade::pytest::parse_junit(&junit, test_files);
-        // With the result channel, the stream decides and junit.xml must agree with it; the exit
-        // code is pytest's own as the plugin saw it (the shell's, which code under test can force
-        // with `os._exit`, only when the session never finished).
-        let (statuses, resolve_exit) = if channel {
-            let text = self
-                .engine
-                .exec(
-                    id,
-                    "root",
-                    "/",
-                    &[],
-                    &format!("head -c 16000000 {RESULTS}/stream"),
-                    short,
-                )
-                .await?
-                .stdout;
-            let stream = channel::parse(&text);
-            let graded: Vec<String> = self
-                .task
-                .fail_to_pass
-                .iter()
-                .chain(&self.task.pass_to_pass)
-                .cloned()
-                .collect();
-            if let Some(event) = channel::tampering(&stream, junit.as_ref(), &graded) {
-                self.audit.push(event.clone());
-                let (reward, mut result) = tampered(&[event]);
-                result.apply = apply;
-                result.exit_code = exit_code;
-                return Ok((reward, result));
-            }
-            (stream.statuses, stream.exit_status.or(exit_code))
-        } else {
-            (junit.unwrap_or_else(|| grade::pytest::parse_log(&log)), exit_code)
-        };
-        let verdict = grade::swebench::resolve(
-            &statuses,
-            &self.task.fail_to_pass,
-            &self.task.pass_to_pass,
-            resolve_exit,
-        );
-        let mut log_tail = tail_bytes(&log, 4000);
-        if let Some(note) = &verdict.note {
-            log_tail = format!("{note}\n{log_tail}");
-        }
-        let reward = if apply.as_deref() == Some("failed") {
-            0.0
-        } else {
-            verdict.reward
-        };
-        Ok((
-            reward,
-            GraderResult {
-                tests: statuses,
-                exit_code,
-                apply,
-                log_path: None,
-                log_tail: Some(log_tail),
-                reason: None,
-            },
-        ))
     }
 }

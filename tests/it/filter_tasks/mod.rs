@@ -355,7 +355,7 @@ fn kept_task_records_carry_paths_that_resolve_from_anywhere() {
         },
     )
     .unwrap();
-    assert_eq!(kept.len(), 8);
+    assert_eq!(kept.len(), 9);
     let mut checked = 0;
     for t in &kept {
         if let Some(lego_rl::records::RepoSource::Bundle { path }) = &t.environment.repo_source {

@@ -112,11 +112,12 @@ fn validity_keeps_real_tasks_and_rejects_a_grader_that_passes_without_the_fix() 
             "xmltodict__attr-namespace",
             "harbor__hello-world",
             "harbor__multi-reward",
+            "harbor__reward-txt",
         ],
         "{stdout}"
     );
     let dec = read_jsonl(&decisions);
-    assert_eq!(dec.len(), 10);
+    assert_eq!(dec.len(), 11);
     // The broken grader: its FAIL_TO_PASS test passes on the unfixed code.
     let b = decision(&dec, "inflection__broken-grader");
     assert_eq!(
@@ -158,10 +159,10 @@ fn validity_keeps_real_tasks_and_rejects_a_grader_that_passes_without_the_fix() 
     assert_eq!(h["evidence"]["validity"]["reward_with_fix"], 1.0, "{h}");
     let csv = std::fs::read_to_string(&funnel).unwrap();
     assert!(
-        csv.starts_with("stage,in,out,dropped,reason,count\ningest,10,10,0,,0\n"),
+        csv.starts_with("stage,in,out,dropped,reason,count\ningest,11,11,0,,0\n"),
         "{csv}"
     );
-    assert!(csv.contains("validity,10,8,2,passes_without_fix,1\n"), "{csv}");
+    assert!(csv.contains("validity,11,9,2,passes_without_fix,1\n"), "{csv}");
     assert!(stdout.contains("passes_without_fix"), "{stdout}");
 }
 
