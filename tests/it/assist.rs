@@ -62,15 +62,20 @@ pub(crate) fn claude_code_trajectory(s: &Synth) -> Trajectory {
     t
 }
 
-#[test]
-fn ask_box_streams_an_embedded_answer_about_a_long_episode_and_saves_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (run, s) = small_run(dir.path());
+/// [`small_run`] with [`claude_code_trajectory`] appended to its first step's trajectories.
+pub(crate) fn run_with_long_episode(dir: &Path) -> (PathBuf, Trajectory) {
+    let (run, s) = small_run(dir);
     let long = claude_code_trajectory(&s);
     let (mut w, _) = AppendWriter::open(&run.join("trajectories/step-000000.jsonl.zst")).unwrap();
     w.push(&long).unwrap();
     w.commit().unwrap();
-    drop(w);
+    (run, long)
+}
+
+#[test]
+fn ask_box_streams_an_embedded_answer_about_a_long_episode_and_saves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, long) = run_with_long_episode(dir.path());
     let conversations = dir.path().join("saved/conversations.jsonl");
     let (context, max_tokens) = (1024usize, 24usize);
     let (_server, addr) = serve(

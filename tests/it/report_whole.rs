@@ -11,7 +11,7 @@ use lego_rl::records::{CapturedCall, CapturedResponse, StepMetrics};
 use serde_json::Value;
 use tch::Device;
 
-use crate::assist::{claude_code_trajectory, failing_endpoint, small_run};
+use crate::assist::{failing_endpoint, run_with_long_episode, small_run};
 use crate::common::lego;
 use crate::report::{chromium, dump_dom, enc, http_get, serve};
 use crate::synth::trajectory;
@@ -158,12 +158,7 @@ fn a_trained_trajectory_shows_train_steps_agreement() {
 #[test]
 fn the_prompt_fits_small_and_large_contexts_by_the_real_tokenizer() {
     let dir = tempfile::tempdir().unwrap();
-    let (run, s) = small_run(dir.path());
-    let long = claude_code_trajectory(&s);
-    let (mut w, _) = AppendWriter::open(&run.join("trajectories/step-000000.jsonl.zst")).unwrap();
-    w.push(&long).unwrap();
-    w.commit().unwrap();
-    drop(w);
+    let (run, long) = run_with_long_episode(dir.path());
     let chat_dir = crate::rollout::chat_dir();
     let chat = ChatFormat::from_model_dir(&chat_dir).unwrap();
     let count = |t: &str| chat.encode(t).unwrap().len();
