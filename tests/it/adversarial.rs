@@ -296,16 +296,32 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
         .enumerate()
         .flat_map(|(i, c)| std::iter::once((i, false)).chain((!c.off.is_empty()).then_some((i, true))))
         .collect();
+    let tasks: Vec<&Task> = all
+        .iter()
+        .map(|c| match c.task {
+            SWE => &swe,
+            HARBOR => &harbor,
+            _ => &harbor_code,
+        })
+        .collect();
+    run_and_check(&rt, &engine, &run, (&all, &tasks), &runs, check);
+}
+
+/// Runs `runs` (case index, unguarded), two trials at a time, case i on `tasks[i]`; asserts
+/// every guarded run passes `check` and every unguarded one [`check_unguarded`], naming each
+/// failure, and that the run left nothing behind.
+pub(crate) fn run_and_check(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    run: &str,
+    (all, tasks): (&[Case], &[&Task]),
+    runs: &[(usize, bool)],
+    check: fn(&Case, &TrialResult) -> Result<(), String>,
+) {
     let results: Vec<(usize, bool, TrialResult)> = rt.block_on(async {
         futures::stream::iter(runs.iter().copied())
             .map(|(i, unguarded)| {
-                let c = &all[i];
-                let t = match c.task {
-                    SWE => &swe,
-                    HARBOR => &harbor,
-                    _ => &harbor_code,
-                };
-                let (engine, run) = (&engine, &run);
+                let (c, t) = (&all[i], tasks[i]);
                 async move { (i, unguarded, run_case(engine, t, run, c, unguarded).await) }
             })
             .buffer_unordered(2)
@@ -329,5 +345,5 @@ fn tricks_score_without_their_defence_and_get_zero_with_it_and_honest_fixes_get_
         runs.len(),
         failures.join("\n")
     );
-    rt.block_on(assert_no_leftovers(&engine, &run));
+    rt.block_on(assert_no_leftovers(engine, run));
 }

@@ -14,11 +14,10 @@
 
 use std::path::PathBuf;
 
-use futures::StreamExt;
 use lego_rl::records::Task;
 use lego_rl::sandbox::{Defence, TrialResult};
 
-use crate::adversarial::{check_unguarded, derived_image, run_case};
+use crate::adversarial::{derived_image, run_and_check, run_case};
 use crate::adversarial_cases::{case, trick, write, Case, Scores, FORCE_PASS, SWE};
 use crate::sandbox::{assert_no_leftovers, b64, engine, images, rt, run_id, task};
 
@@ -365,34 +364,8 @@ fn run_cases(include: &dyn Fn(&str) -> bool, run: &str) {
         eprintln!("NOTE: Yama ptrace_scope >= 1 on this host: the ptrace trick's unguarded twin is not run");
     }
     let tasks: Vec<Task> = all.iter().map(|c| task(c.task)).collect();
-    let results: Vec<(usize, bool, TrialResult)> = rt.block_on(async {
-        futures::stream::iter(runs.iter().copied())
-            .map(|(i, unguarded)| {
-                let (engine, run, c, t) = (&engine, &run, &all[i], &tasks[i]);
-                async move { (i, unguarded, run_case(engine, t, run, c, unguarded).await) }
-            })
-            .buffer_unordered(2)
-            .collect()
-            .await
-    });
-    let failures: Vec<String> = results
-        .iter()
-        .filter_map(|(i, unguarded, r)| {
-            if *unguarded {
-                check_unguarded(&all[*i], r).err()
-            } else {
-                check(&all[*i], r).err()
-            }
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} runs failed:\n{}",
-        failures.len(),
-        runs.len(),
-        failures.join("\n")
-    );
-    rt.block_on(assert_no_leftovers(&engine, &run));
+    let tasks: Vec<&Task> = tasks.iter().collect();
+    run_and_check(&rt, &engine, &run, (&all, &tasks), &runs, check);
 }
 
 /// The environment variable that makes [`sparse_junit_child`] run (`guarded` or `unguarded`).
